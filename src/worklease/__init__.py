@@ -1,0 +1,145 @@
+"""worklease: lease-based work coordination with checkpointed handoff.
+
+A worker acquires a time-limited lease on a work ID and gets a fencing token; it renews the
+lease in the background and writes progress checkpoints, each stored atomically with a lease
+extension and rejected once a newer token exists. The successor reads the last checkpoint
+and how the previous holder left.
+
+Two flavours with the same API: ``AsyncLease`` & co. for asyncio, ``Lease`` & co. for
+threads and scripts. Backends: PostgreSQL for production, in-memory for tests.
+"""
+
+from __future__ import annotations
+
+from ._async.backend import AsyncBackend as AsyncBackend
+from ._async.hold import AsyncHold as AsyncHold
+from ._async.lease import AsyncLease as AsyncLease
+from ._async.memory import AsyncMemoryBackend as AsyncMemoryBackend
+from ._async.renewal import AsyncRenewal as AsyncRenewal
+from ._async.runner import AsyncRunner as AsyncRunner
+from ._async.vacuum import AsyncVacuum as AsyncVacuum
+from ._context import current_renewal as current_renewal
+from ._models import Checkpoint as Checkpoint
+from ._models import ExitMode as ExitMode
+from ._models import Operation as Operation
+from ._models import Token as Token
+from ._sync.backend import Backend as Backend
+from ._sync.hold import Hold as Hold
+from ._sync.lease import Lease as Lease
+from ._sync.memory import MemoryBackend as MemoryBackend
+from ._sync.renewal import Renewal as Renewal
+from ._sync.runner import Runner as Runner
+from ._sync.vacuum import Vacuum as Vacuum
+from ._types import AsyncWorkFn as AsyncWorkFn
+from ._types import WorkFn as WorkFn
+from ._window import Backoff as Backoff
+from .codec import Codec as Codec
+from .codec import JSONCodec as JSONCodec
+from .errors import AllSlotsDeadError as AllSlotsDeadError
+from .errors import BackendError as BackendError
+from .errors import BackendRequiredError as BackendRequiredError
+from .errors import ConfigError as ConfigError
+from .errors import DuplicateWorkIDError as DuplicateWorkIDError
+from .errors import EmptyWorkIDError as EmptyWorkIDError
+from .errors import EmptyWorkIDsError as EmptyWorkIDsError
+from .errors import FencedError as FencedError
+from .errors import InvalidExitModeError as InvalidExitModeError
+from .errors import InvalidTokenError as InvalidTokenError
+from .errors import LeaseExpiredError as LeaseExpiredError
+from .errors import LeaseHeldError as LeaseHeldError
+from .errors import LeaseLapsedError as LeaseLapsedError
+from .errors import LeaseLostError as LeaseLostError
+from .errors import LeaseRequiredError as LeaseRequiredError
+from .errors import LeaseWindowExhaustedError as LeaseWindowExhaustedError
+from .errors import PermanentError as PermanentError
+from .errors import PoolConfigError as PoolConfigError
+from .errors import RetentionRequiredError as RetentionRequiredError
+from .errors import Retire as Retire
+from .errors import WorkFnRequiredError as WorkFnRequiredError
+from .errors import WorkleaseError as WorkleaseError
+from .errors import permanent as permanent
+from .observers import AcquireEvent as AcquireEvent
+from .observers import CheckpointEvent as CheckpointEvent
+from .observers import FencedEvent as FencedEvent
+from .observers import ForgetEvent as ForgetEvent
+from .observers import LeaseObserver as LeaseObserver
+from .observers import PoolObserver as PoolObserver
+from .observers import ReadCheckpointEvent as ReadCheckpointEvent
+from .observers import ReleaseEvent as ReleaseEvent
+from .observers import RenewEvent as RenewEvent
+from .observers import SlotAcquiredEvent as SlotAcquiredEvent
+from .observers import SlotBackoffEvent as SlotBackoffEvent
+from .observers import SlotDeadEvent as SlotDeadEvent
+from .observers import SlotLostEvent as SlotLostEvent
+from .observers import SlotRetiredEvent as SlotRetiredEvent
+from .observers import SweepEvent as SweepEvent
+from .observers import VacuumObserver as VacuumObserver
+
+__version__ = "0.1.0.dev0"
+
+__all__ = [
+    "AcquireEvent",
+    "AllSlotsDeadError",
+    "AsyncBackend",
+    "AsyncHold",
+    "AsyncLease",
+    "AsyncMemoryBackend",
+    "AsyncRenewal",
+    "AsyncRunner",
+    "AsyncVacuum",
+    "AsyncWorkFn",
+    "Backend",
+    "BackendError",
+    "BackendRequiredError",
+    "Backoff",
+    "Checkpoint",
+    "CheckpointEvent",
+    "Codec",
+    "ConfigError",
+    "DuplicateWorkIDError",
+    "EmptyWorkIDError",
+    "EmptyWorkIDsError",
+    "ExitMode",
+    "FencedError",
+    "FencedEvent",
+    "ForgetEvent",
+    "Hold",
+    "InvalidExitModeError",
+    "InvalidTokenError",
+    "JSONCodec",
+    "Lease",
+    "LeaseExpiredError",
+    "LeaseHeldError",
+    "LeaseLapsedError",
+    "LeaseLostError",
+    "LeaseObserver",
+    "LeaseRequiredError",
+    "LeaseWindowExhaustedError",
+    "MemoryBackend",
+    "Operation",
+    "PermanentError",
+    "PoolConfigError",
+    "PoolObserver",
+    "ReadCheckpointEvent",
+    "ReleaseEvent",
+    "Renewal",
+    "RenewEvent",
+    "RetentionRequiredError",
+    "Retire",
+    "Runner",
+    "SlotAcquiredEvent",
+    "SlotBackoffEvent",
+    "SlotDeadEvent",
+    "SlotLostEvent",
+    "SlotRetiredEvent",
+    "SweepEvent",
+    "Token",
+    "Vacuum",
+    "VacuumObserver",
+    "WorkFn",
+    "WorkFnRequiredError",
+    "WorkleaseError",
+    "__version__",
+    "current_renewal",
+    "permanent",
+]

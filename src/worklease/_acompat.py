@@ -1,0 +1,214 @@
+"""The one place that touches asyncio and threading: async/sync pairs for the generated code.
+
+Each async helper (prefixed ``a``/``A``) has a sync twin with the plain name; the generator
+(``scripts/unasync.py``) renames one to the other. Helpers whose sync form would be a plain
+call (``abounded``/``bounded``, ``acleanup``/``cleanup``) take the awaitable in the async form
+and the already-computed value in the sync form, so the same source line reads correctly in
+both flavours.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import threading
+import time
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import Any, TypeVar, cast
+
+__all__ = [
+    "AEvent",
+    "AHostCanceller",
+    "AWorker",
+    "Event",
+    "HostCanceller",
+    "ThreadLock",
+    "Worker",
+    "abounded",
+    "acall",
+    "acancel_worker",
+    "acleanup",
+    "asleep",
+    "aspawn",
+    "bounded",
+    "call",
+    "cancel_worker",
+    "cleanup",
+    "sleep",
+    "spawn",
+]
+
+T = TypeVar("T")
+
+ThreadLock = threading.Lock
+"""A lock for critical sections that never wait (used by both flavours)."""
+
+# -- sleeping -------------------------------------------------------------------------------
+
+
+async def asleep(seconds: float) -> None:
+    await asyncio.sleep(max(seconds, 0.0))
+
+
+def sleep(seconds: float) -> None:
+    time.sleep(max(seconds, 0.0))
+
+
+# -- events ---------------------------------------------------------------------------------
+
+
+class AEvent(asyncio.Event):
+    """An event whose ``wait_timeout`` returns like ``threading.Event.wait``."""
+
+    async def wait_timeout(self, timeout: float | None = None) -> bool:
+        """Wait until set or ``timeout`` seconds passed; return whether it is set."""
+        if self.is_set():
+            return True
+        if timeout is None:
+            await self.wait()
+            return True
+        try:
+            async with asyncio.timeout(max(timeout, 0.0)):
+                await self.wait()
+        except TimeoutError:
+            return self.is_set()
+        return True
+
+
+Event = threading.Event
+
+# -- background workers ---------------------------------------------------------------------
+
+AWorker = asyncio.Task[None]
+Worker = threading.Thread
+
+
+def aspawn(fn: Callable[..., Coroutine[Any, Any, None]], *args: Any, name: str) -> AWorker:
+    """Run ``fn(*args)`` as a task on the running loop."""
+    return asyncio.get_running_loop().create_task(fn(*args), name=name)
+
+
+def spawn(fn: Callable[..., None], *args: Any, name: str) -> Worker:
+    """Run ``fn(*args)`` in a daemon thread (so a stuck call never blocks interpreter exit)."""
+    thread = threading.Thread(target=fn, args=args, name=name, daemon=True)
+    thread.start()
+    return thread
+
+
+def acancel_worker(worker: AWorker) -> None:
+    """Cancel a task without waiting for it."""
+    worker.cancel()
+
+
+def cancel_worker(worker: Worker) -> None:
+    """Threads cannot be cancelled; a worker thread notices its stop event instead."""
+
+
+# -- calling user code ----------------------------------------------------------------------
+
+
+async def acall(fn: Callable[..., T | Awaitable[T]], *args: Any) -> T:
+    """Call ``fn`` and await the result when it is awaitable (sync or async callables)."""
+    result = fn(*args)
+    if inspect.isawaitable(result):
+        return cast(T, await result)
+    return cast(T, result)
+
+
+def call(fn: Callable[..., T], *args: Any) -> T:
+    return fn(*args)
+
+
+# -- bounding and shielding calls -----------------------------------------------------------
+
+
+async def abounded(awaitable: Awaitable[T], timeout: float | None) -> T:
+    """Await with a time bound; ``TimeoutError`` when it elapses (the call is cancelled)."""
+    if timeout is None:
+        return await awaitable
+    async with asyncio.timeout(max(timeout, 0.0)):
+        return await awaitable
+
+
+def bounded(value: T, timeout: float | None) -> T:
+    """A thread cannot abandon a blocking call; the value was computed by the call itself."""
+    return value
+
+
+async def acleanup(coro: Coroutine[Any, Any, T], timeout: float) -> T:
+    """Run final writes to completion despite cancellation, bounded by ``timeout`` seconds.
+
+    A cancellation that arrives meanwhile is held back until the writes finish (or time
+    out) and then re-raised. On timeout the writes are cancelled and ``TimeoutError`` raised.
+    """
+    task = asyncio.ensure_future(coro)
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    cancelled = False
+    while not task.done():
+        left = deadline - loop.time()
+        if left <= 0:
+            task.cancel()
+            raise TimeoutError(f"cleanup did not finish within {timeout:g}s")
+        try:
+            await asyncio.wait((task,), timeout=left)
+        except asyncio.CancelledError:
+            cancelled = True
+    if cancelled:
+        task.exception() if not task.cancelled() else None  # mark any error as retrieved
+        raise asyncio.CancelledError
+    return task.result()
+
+
+def cleanup(value: T, timeout: float) -> T:
+    """Final writes in a thread run to completion; statement timeouts bound them."""
+    return value
+
+
+# -- cancelling the body of a renewal -------------------------------------------------------
+
+
+class AHostCanceller:
+    """Cancels the task that entered a block, the way ``asyncio.timeout`` does.
+
+    ``bind`` records the current task; ``cancel`` (called from another task) cancels it;
+    ``consume`` in the block's exit tells whether a ``CancelledError`` was ours (and undoes our
+    cancellation request), so an outside cancellation still propagates.
+    """
+
+    def __init__(self) -> None:
+        self._task: asyncio.Task[Any] | None = None
+        self._baseline = 0
+        self._requested = False
+
+    def bind(self) -> None:
+        self._task = asyncio.current_task()
+        self._baseline = self._task.cancelling() if self._task is not None else 0
+
+    def cancel(self) -> None:
+        task = self._task
+        if task is not None and not self._requested and not task.done():
+            self._requested = True
+            task.cancel()
+
+    def consume(self, error: BaseException | None) -> bool:
+        task = self._task
+        if task is None or not self._requested:
+            return False
+        self._requested = False
+        if task.uncancel() > self._baseline:
+            return False
+        return error is None or isinstance(error, asyncio.CancelledError)
+
+
+class HostCanceller:
+    """A thread cannot be cancelled: loss is reported through flags and the next write."""
+
+    def bind(self) -> None:
+        pass
+
+    def cancel(self) -> None:
+        pass
+
+    def consume(self, error: BaseException | None) -> bool:
+        return False

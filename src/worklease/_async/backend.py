@@ -1,0 +1,54 @@
+"""The storage contract every backend implements."""
+
+from __future__ import annotations
+
+from typing import Protocol, runtime_checkable
+
+from .._models import Checkpoint, ExitMode, Token
+
+__all__ = ["AsyncBackend"]
+
+StateLike = bytes | bytearray | memoryview
+
+
+@runtime_checkable
+class AsyncBackend(Protocol):
+    """Storage for lease rows. Every method is one attempt: backends never retry.
+
+    Semantics (the conformance suite in ``worklease.conformance`` checks them):
+
+    - ``acquire`` grants the work ID when it has no row, or its row expired (strictly past its
+      expiry) or was released, with a fencing token greater than any issued before; the new
+      row keeps the checkpoint and records how the previous holder left. A held row raises
+      ``LeaseHeldError`` (also for the same holder). A non-positive ``ttl`` yields an
+      already-expired lease (a test affordance).
+    - ``checkpoint`` stores a private copy of ``state`` (``None`` for ``None`` or empty) and
+      extends expiry to now + ``ttl`` in one atomic step. It needs the holder and the token to
+      match (``FencedError``) and no exit declared (``LeaseExpiredError``); it does not check
+      expiry, so it revives a lapsed, unsuperseded lease.
+    - ``renew`` extends expiry; ``FencedError`` before ``LeaseExpiredError`` (lapsed or
+      released).
+    - ``release`` refuses a non-declarable mode first (``InvalidExitModeError``), then records
+      the exit and sets expiry just before now; ``FencedError`` before ``LeaseExpiredError``.
+    - ``read_checkpoint`` checks the token only (not the holder); ``FencedError`` when the
+      row is gone or has another token.
+    - ``forget`` deletes the row when holder and token match (``FencedError`` otherwise).
+    - ``sweep`` deletes unheld rows last updated more than ``retention`` seconds ago that were
+      retired, or, with ``include_expired``, lapsed without a declared exit; returns the count.
+
+    Durations are float seconds. Expiry is decided by the backend's own clock.
+    """
+
+    async def acquire(self, work_id: str, holder_id: str, ttl: float) -> Token: ...
+
+    async def read_checkpoint(self, token: Token) -> Checkpoint: ...
+
+    async def checkpoint(self, token: Token, state: StateLike | None, ttl: float) -> None: ...
+
+    async def renew(self, token: Token, ttl: float) -> None: ...
+
+    async def release(self, token: Token, mode: ExitMode) -> None: ...
+
+    async def forget(self, token: Token) -> None: ...
+
+    async def sweep(self, retention: float, include_expired: bool) -> int: ...

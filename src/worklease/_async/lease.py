@@ -1,0 +1,325 @@
+"""The lease handle: acquire, checkpoint, renew, release, forget, renewal and hold."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from .._acompat import abounded, asleep
+from .._models import Checkpoint, ExitMode, Operation, Token
+from .._validation import (
+    check_exit_mode,
+    check_holder_id,
+    check_ttl,
+    check_work_id,
+    normalize_state,
+    positive_seconds,
+    state_size,
+    to_seconds,
+)
+from .._window import Backoff, TokenSeal, monotonic, seal_token, unseal
+from ..errors import BackendRequiredError, ConfigError, FencedError, LeaseHeldError
+from ..observers import (
+    AcquireEvent,
+    CheckpointEvent,
+    FencedEvent,
+    ForgetEvent,
+    LeaseObserver,
+    ReadCheckpointEvent,
+    ReleaseEvent,
+    RenewEvent,
+    notify,
+)
+from .backend import AsyncBackend, StateLike
+from .hold import AsyncHold
+from .renewal import AsyncRenewal
+
+__all__ = ["AsyncLease"]
+
+DEFAULT_POLL_INTERVAL = 2.0
+DEFAULT_CLEANUP_TIMEOUT = 5.0
+
+
+class AsyncLease:
+    """Acquires, renews, checkpoints and releases leases on work IDs for one holder.
+
+    ``holder_id`` names this process (unique per process, e.g. a pod name); ``ttl`` is the
+    lease duration in seconds (or a ``timedelta``), at least 1 ms. ``observer`` receives an
+    event after every operation. One lease object may be shared by many tasks or threads.
+
+    Leases are not re-entrant: acquiring a work ID this holder already holds raises
+    ``LeaseHeldError``.
+    """
+
+    __module__ = "worklease"
+
+    def __init__(
+        self,
+        backend: AsyncBackend,
+        *,
+        holder_id: str,
+        ttl: float | timedelta,
+        observer: LeaseObserver | None = None,
+    ) -> None:
+        if backend is None:
+            raise BackendRequiredError("a backend is required")
+        if observer is not None and not isinstance(observer, LeaseObserver):
+            raise ConfigError("observer must be a LeaseObserver (subclass it)")
+        self._backend = backend
+        self._holder_id = check_holder_id(holder_id)
+        self._ttl = check_ttl(ttl)
+        self._observer = observer if observer is not None else LeaseObserver()
+
+    @property
+    def backend(self) -> AsyncBackend:
+        """The backend this lease stores rows in."""
+        return self._backend
+
+    @property
+    def holder_id(self) -> str:
+        """The holder ID recorded on every lease this object acquires."""
+        return self._holder_id
+
+    @property
+    def ttl(self) -> float:
+        """The lease duration in seconds."""
+        return self._ttl
+
+    @property
+    def observer(self) -> LeaseObserver:
+        """The observer receiving lease events (a do-nothing one by default)."""
+        return self._observer
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} holder_id={self._holder_id!r} ttl={self._ttl:g}s>"
+
+    # -- acquire ------------------------------------------------------------------------------
+
+    async def acquire(
+        self,
+        work_id: str,
+        *,
+        wait: bool = False,
+        timeout: float | timedelta | None = None,
+        poll_interval: float | timedelta = DEFAULT_POLL_INTERVAL,
+    ) -> Token:
+        """Acquire the lease on ``work_id`` and return its token.
+
+        Raises ``LeaseHeldError`` when somebody (this holder included) holds it. With
+        ``wait=True``, retries every ``poll_interval`` seconds until acquired; ``timeout``
+        (seconds) bounds that wait and ends it with ``TimeoutError``. An invalid work ID raises
+        ``TypeError``/``ValueError`` before any I/O.
+        """
+        check_work_id(work_id)
+        poll = positive_seconds(poll_interval, "poll_interval")
+        limit: float | None = None
+        if timeout is not None:
+            if not wait:
+                raise ValueError("timeout applies to a waiting acquire: pass wait=True")
+            limit = to_seconds(timeout, "timeout")
+            if not limit >= 0:
+                raise ValueError(f"timeout must be a non-negative duration, got {timeout!r}")
+        deadline = None if limit is None else monotonic() + limit
+        while True:
+            try:
+                return await self._acquire_once(work_id)
+            except LeaseHeldError as held:
+                if not wait:
+                    raise
+                last_held = held
+            delay = poll
+            if deadline is not None:
+                left = deadline - monotonic()
+                if left <= 0:
+                    raise TimeoutError(
+                        f"work ID {work_id!r} was still held after waiting {limit:g}s"
+                    ) from last_held
+                delay = min(delay, left)
+            await asleep(delay)
+
+    async def _acquire_once(self, work_id: str) -> Token:
+        start = monotonic()
+        try:
+            raw = await self._backend.acquire(work_id, self._holder_id, self._ttl)
+            token = seal_token(raw, self._backend, start, self._ttl)
+        except Exception as exc:
+            notify(self._observer.on_acquire, AcquireEvent(work_id, None, monotonic() - start, exc))
+            raise
+        notify(self._observer.on_acquire, AcquireEvent(work_id, token, monotonic() - start, None))
+        return token
+
+    # -- reads --------------------------------------------------------------------------------
+
+    async def read_checkpoint(self, token: Token) -> Checkpoint:
+        """The token's checkpoint and how the previous holder left.
+
+        ``FencedError`` when the token was superseded or the row is gone.
+        """
+        unseal(token, self._backend)
+        start = monotonic()
+        try:
+            prior = await self._backend.read_checkpoint(token)
+        except Exception as exc:
+            notify(
+                self._observer.on_read_checkpoint,
+                ReadCheckpointEvent(token, ExitMode.NONE, None, 0, monotonic() - start, exc),
+            )
+            raise
+        notify(
+            self._observer.on_read_checkpoint,
+            ReadCheckpointEvent(
+                token,
+                prior.prev_exit,
+                prior.prev_holder_id,
+                state_size(prior.state),
+                monotonic() - start,
+                None,
+            ),
+        )
+        return prior
+
+    # -- writes -------------------------------------------------------------------------------
+
+    def _writable(self, token: Token) -> TokenSeal:
+        """The token's seal, refusing a token whose renewal already reported the loss."""
+        seal = unseal(token, self._backend)
+        cause = seal.lost_cause()
+        if cause is not None:
+            raise cause.with_traceback(None)
+        return seal
+
+    def _report_fenced(self, token: Token, operation: Operation, error: BaseException) -> None:
+        if isinstance(error, FencedError):
+            notify(self._observer.on_fenced, FencedEvent(token, operation, error))
+
+    async def checkpoint(self, token: Token, state: StateLike | None) -> None:
+        """Write ``state`` and extend the lease in one atomic step.
+
+        ``state`` is copied; ``None`` or empty bytes clear the checkpoint. It may revive a
+        lapsed lease nobody else took and whose holder declared no exit. Raises ``TypeError``
+        for state that is not bytes-like, ``FencedError`` when superseded, and
+        ``LeaseExpiredError`` after this holder released it.
+        """
+        data = normalize_state(state)
+        size = state_size(state)  # type: ignore[arg-type]
+        seal = self._writable(token)
+        start = monotonic()
+        try:
+            await self._backend.checkpoint(token, data, self._ttl)
+        except Exception as exc:
+            duration = monotonic() - start
+            notify(self._observer.on_checkpoint, CheckpointEvent(token, size, duration, exc))
+            self._report_fenced(token, Operation.CHECKPOINT, exc)
+            raise
+        seal.extend(start, self._ttl)
+        notify(
+            self._observer.on_checkpoint, CheckpointEvent(token, size, monotonic() - start, None)
+        )
+
+    async def renew(self, token: Token) -> None:
+        """Extend the lease by the TTL without touching the checkpoint.
+
+        ``FencedError`` when superseded; ``LeaseExpiredError`` once the lease lapsed or was
+        released (only a checkpoint can revive a lapsed lease).
+        """
+        seal = self._writable(token)
+        start = monotonic()
+        await self._renew_once(token, 1, None)
+        seal.extend(start, self._ttl)
+
+    async def _renew_once(self, token: Token, attempt: int, timeout: float | None) -> None:
+        """One backend renewal, reported to the observer (used by renew and renewals)."""
+        start = monotonic()
+        try:
+            await abounded(self._backend.renew(token, self._ttl), timeout)
+        except Exception as exc:
+            duration = monotonic() - start
+            notify(self._observer.on_renew, RenewEvent(token, attempt, duration, exc))
+            self._report_fenced(token, Operation.RENEW, exc)
+            raise
+        notify(self._observer.on_renew, RenewEvent(token, attempt, monotonic() - start, None))
+
+    async def release(self, token: Token, mode: ExitMode | str) -> None:
+        """Record how this holder leaves and make the work ID acquirable at once.
+
+        ``mode`` is FINISHED, ABANDONED or RETIRED (anything else raises
+        ``InvalidExitModeError`` with no I/O). ``FencedError`` when superseded;
+        ``LeaseExpiredError`` when the lease already lapsed (nothing is recorded: the
+        successor sees EXPIRED) or was already released. A renewal still running on the token
+        stops.
+        """
+        declared = check_exit_mode(mode)
+        seal = self._writable(token)
+        start = monotonic()
+        try:
+            await self._backend.release(token, declared)
+        except Exception as exc:
+            duration = monotonic() - start
+            notify(self._observer.on_release, ReleaseEvent(token, declared, duration, exc))
+            self._report_fenced(token, Operation.RELEASE, exc)
+            raise
+        seal.finished()
+        notify(
+            self._observer.on_release,
+            ReleaseEvent(token, declared, monotonic() - start, None),
+        )
+
+    async def forget(self, token: Token) -> None:
+        """Delete the work ID's row for good (also after this holder's own release).
+
+        The next holder sees ExitMode.NONE and a greater token. ``FencedError`` when the
+        lease moved on or the row is already gone.
+        """
+        seal = unseal(token, self._backend)
+        start = monotonic()
+        try:
+            await self._backend.forget(token)
+        except Exception as exc:
+            notify(self._observer.on_forget, ForgetEvent(token, monotonic() - start, exc))
+            self._report_fenced(token, Operation.FORGET, exc)
+            raise
+        seal.finished()
+        notify(self._observer.on_forget, ForgetEvent(token, monotonic() - start, None))
+
+    # -- renewal and hold ---------------------------------------------------------------------
+
+    def renewal(
+        self,
+        token: Token,
+        *,
+        interval: float | timedelta | None = None,
+        backoff: Backoff | None = None,
+    ) -> AsyncRenewal:
+        """A background renewal of ``token``, run while its context manager is entered.
+
+        ``interval`` defaults to a third of the TTL; ``backoff`` paces retries of transient
+        failures (default ``Backoff()``). See the renewal class for how loss is reported.
+        """
+        seal = self._writable(token)
+        every = self._ttl / 3 if interval is None else positive_seconds(interval, "interval")
+        if backoff is not None and not isinstance(backoff, Backoff):
+            raise TypeError(f"backoff must be a Backoff, not {type(backoff).__name__}")
+        return AsyncRenewal(self, token, seal, every, backoff or Backoff())
+
+    def hold(
+        self,
+        work_id: str,
+        *,
+        wait: bool = False,
+        timeout: float | timedelta | None = None,
+        poll_interval: float | timedelta = DEFAULT_POLL_INTERVAL,
+        interval: float | timedelta | None = None,
+        backoff: Backoff | None = None,
+        cleanup_timeout: float | timedelta = DEFAULT_CLEANUP_TIMEOUT,
+    ) -> AsyncHold:
+        """Hold ``work_id`` for the duration of a ``with`` block (see the hold class)."""
+        check_work_id(work_id)
+        return AsyncHold(
+            self,
+            work_id,
+            wait=wait,
+            timeout=timeout,
+            poll_interval=poll_interval,
+            interval=interval,
+            backoff=backoff,
+            cleanup_timeout=positive_seconds(cleanup_timeout, "cleanup_timeout"),
+        )

@@ -1,0 +1,74 @@
+"""The in-memory backend: for tests and single-process use."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from types import TracebackType
+from typing import Protocol
+
+from .._memory import MemoryStore, RowSnapshot
+from .._models import Checkpoint, ExitMode, Token
+from .._validation import to_seconds
+from .backend import StateLike
+
+__all__ = ["AsyncMemoryBackend", "Clock"]
+
+
+class Clock(Protocol):
+    """Anything with a ``now()`` returning a timezone-aware datetime (e.g. ``FakeClock``)."""
+
+    def now(self) -> datetime: ...
+
+
+class AsyncMemoryBackend:
+    """Lease rows kept in this process's memory, safe to share between tasks and threads.
+
+    ``clock`` (for example ``worklease.testing.FakeClock``) supplies the backend's notion of
+    now; by default the system clock. Fencing tokens come from a counter per instance that
+    starts at 1 and advances only on a successful acquire. Work IDs are validated exactly as
+    the PostgreSQL backend validates them. State is copied in and out.
+    """
+
+    __module__ = "worklease"
+
+    def __init__(self, clock: Clock | None = None) -> None:
+        self._store = MemoryStore(clock.now if clock is not None else None)
+
+    async def acquire(self, work_id: str, holder_id: str, ttl: float) -> Token:
+        return self._store.acquire(work_id, holder_id, to_seconds(ttl, "ttl"))
+
+    async def read_checkpoint(self, token: Token) -> Checkpoint:
+        return self._store.read_checkpoint(token)
+
+    async def checkpoint(self, token: Token, state: StateLike | None, ttl: float) -> None:
+        self._store.checkpoint(token, state, to_seconds(ttl, "ttl"))
+
+    async def renew(self, token: Token, ttl: float) -> None:
+        self._store.renew(token, to_seconds(ttl, "ttl"))
+
+    async def release(self, token: Token, mode: ExitMode) -> None:
+        self._store.release(token, mode)
+
+    async def forget(self, token: Token) -> None:
+        self._store.forget(token)
+
+    async def sweep(self, retention: float, include_expired: bool) -> int:
+        return self._store.sweep(to_seconds(retention, "retention"), include_expired)
+
+    def rows(self) -> list[RowSnapshot]:
+        """A snapshot of every stored row, sorted by work ID."""
+        return self._store.rows()
+
+    async def close(self) -> None:
+        """Nothing to release; present so every backend can be closed the same way."""
+
+    async def __aenter__(self) -> AsyncMemoryBackend:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.close()

@@ -1,0 +1,226 @@
+"""The in-memory lease store behind both flavours of the memory backend.
+
+All logic lives here, guarded by one lock; the flavour classes only adapt the call style.
+Comparisons mirror PostgreSQL: a row is acquirable when ``now > expires_at``; renew and
+release need ``now < expires_at``; sweep needs ``now > expires_at`` and
+``now - updated_at > retention``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+
+from ._acompat import ThreadLock
+from ._models import Checkpoint, ExitMode, Token
+from ._validation import check_exit_mode, check_work_id, normalize_state
+from .errors import FencedError, LeaseExpiredError, LeaseHeldError
+
+__all__ = ["MemoryStore", "fenced", "held", "lease_expired", "system_clock"]
+
+RELEASE_OFFSET = timedelta(milliseconds=1)
+"""Release sets expiry this far before now, so the row is acquirable at once."""
+
+_TINY = timedelta(microseconds=1)
+
+
+def system_clock() -> datetime:
+    return datetime.now(UTC)
+
+
+def fenced(token: Token, operation: str) -> FencedError:
+    return FencedError(
+        f"{operation}: work ID {token.work_id!r}, holder {token.holder_id!r}, token "
+        f"{token.fencing_token}: fenced (a newer token exists or the lease row is gone)",
+        token=token,
+    )
+
+
+def lease_expired(token: Token, operation: str, why: str) -> LeaseExpiredError:
+    return LeaseExpiredError(
+        f"{operation}: work ID {token.work_id!r}, holder {token.holder_id!r}, token "
+        f"{token.fencing_token}: {why}",
+        token=token,
+    )
+
+
+def held(work_id: str, holder_id: str | None, expires_at: datetime | None) -> LeaseHeldError:
+    by = f" by {holder_id!r}" if holder_id is not None else ""
+    until = f" until {expires_at.isoformat()}" if expires_at is not None else ""
+    return LeaseHeldError(
+        f"work ID {work_id!r} is held{by}{until}",
+        work_id=work_id,
+        holder_id=holder_id,
+        expires_at=expires_at,
+    )
+
+
+@dataclass(slots=True)
+class _Row:
+    holder_id: str
+    fencing_token: int
+    expires_at: datetime
+    checkpoint: bytes | None
+    exit_mode: ExitMode | None
+    prev_exit: ExitMode
+    prev_holder_id: str | None
+    acquired_at: datetime
+    updated_at: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class RowSnapshot:
+    """A copy of one stored row (for inspection in tests and tools)."""
+
+    work_id: str
+    holder_id: str
+    fencing_token: int
+    expires_at: datetime
+    checkpoint: bytes | None
+    exit_mode: ExitMode | None
+    prev_exit: ExitMode
+    prev_holder_id: str | None
+    acquired_at: datetime
+    updated_at: datetime
+
+
+class MemoryStore:
+    """Lease rows in a dict, one lock, an injectable clock and a per-instance token counter."""
+
+    def __init__(self, clock: Callable[[], datetime] | None = None) -> None:
+        self._now = clock or system_clock
+        self._lock = ThreadLock()
+        self._rows: dict[str, _Row] = {}
+        self._last_token = 0
+
+    def now(self) -> datetime:
+        value = self._now()
+        if value.tzinfo is None:
+            raise ValueError("the memory backend's clock must return timezone-aware datetimes")
+        return value
+
+    def acquire(self, work_id: str, holder_id: str, ttl: float) -> Token:
+        check_work_id(work_id)
+        with self._lock:
+            now = self.now()
+            expires_at = now + timedelta(seconds=ttl)
+            if ttl <= 0:
+                expires_at = min(expires_at, now - _TINY)
+            row = self._rows.get(work_id)
+            if row is not None and not now > row.expires_at:
+                raise held(work_id, row.holder_id, row.expires_at)
+            self._last_token += 1
+            if row is None:
+                self._rows[work_id] = _Row(
+                    holder_id=holder_id,
+                    fencing_token=self._last_token,
+                    expires_at=expires_at,
+                    checkpoint=None,
+                    exit_mode=None,
+                    prev_exit=ExitMode.NONE,
+                    prev_holder_id=None,
+                    acquired_at=now,
+                    updated_at=now,
+                )
+            else:
+                row.prev_exit = row.exit_mode or ExitMode.EXPIRED
+                row.prev_holder_id = row.holder_id
+                row.holder_id = holder_id
+                row.fencing_token = self._last_token
+                row.expires_at = expires_at
+                row.exit_mode = None
+                row.updated_at = now
+            return Token(work_id, holder_id, self._last_token, expires_at)
+
+    def _owned(self, token: Token, operation: str) -> _Row:
+        row = self._rows.get(token.work_id)
+        if (
+            row is None
+            or row.fencing_token != token.fencing_token
+            or row.holder_id != token.holder_id
+        ):
+            raise fenced(token, operation)
+        return row
+
+    def checkpoint(self, token: Token, state: object, ttl: float) -> None:
+        data = normalize_state(state)
+        with self._lock:
+            row = self._owned(token, "checkpoint")
+            if row.exit_mode is not None:
+                raise lease_expired(
+                    token, "checkpoint", f"the holder already released it ({row.exit_mode})"
+                )
+            now = self.now()
+            row.checkpoint = data
+            row.expires_at = now + timedelta(seconds=ttl)
+            row.updated_at = now
+
+    def renew(self, token: Token, ttl: float) -> None:
+        with self._lock:
+            row = self._owned(token, "renew")
+            now = self.now()
+            if not now < row.expires_at:
+                raise lease_expired(token, "renew", "the lease expired or was released")
+            row.expires_at = now + timedelta(seconds=ttl)
+            row.updated_at = now
+
+    def release(self, token: Token, mode: ExitMode) -> None:
+        declared = check_exit_mode(mode)
+        with self._lock:
+            row = self._owned(token, "release")
+            now = self.now()
+            if not now < row.expires_at:
+                raise lease_expired(token, "release", "the lease expired or was released")
+            row.exit_mode = declared
+            row.expires_at = now - RELEASE_OFFSET
+            row.updated_at = now
+
+    def read_checkpoint(self, token: Token) -> Checkpoint:
+        with self._lock:
+            row = self._rows.get(token.work_id)
+            if row is None or row.fencing_token != token.fencing_token:
+                raise fenced(token, "read_checkpoint")
+            return Checkpoint(row.checkpoint, row.prev_exit, row.prev_holder_id)
+
+    def forget(self, token: Token) -> None:
+        with self._lock:
+            self._owned(token, "forget")
+            del self._rows[token.work_id]
+
+    def sweep(self, retention: float, include_expired: bool) -> int:
+        keep_for = timedelta(seconds=retention)
+        with self._lock:
+            now = self.now()
+            doomed = [
+                work_id
+                for work_id, row in self._rows.items()
+                if now > row.expires_at
+                and now - row.updated_at > keep_for
+                and (
+                    row.exit_mode is ExitMode.RETIRED
+                    or (include_expired and row.exit_mode is None)
+                )
+            ]
+            for work_id in doomed:
+                del self._rows[work_id]
+            return len(doomed)
+
+    def rows(self) -> list[RowSnapshot]:
+        """A snapshot of every row, sorted by work ID."""
+        with self._lock:
+            return [
+                RowSnapshot(
+                    work_id,
+                    row.holder_id,
+                    row.fencing_token,
+                    row.expires_at,
+                    row.checkpoint,
+                    row.exit_mode,
+                    row.prev_exit,
+                    row.prev_holder_id,
+                    row.acquired_at,
+                    row.updated_at,
+                )
+                for work_id, row in sorted(self._rows.items())
+            ]

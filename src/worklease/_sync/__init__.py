@@ -1,0 +1,1 @@
+"""The asyncio flavour: the hand-written source the sync flavour is generated from."""

@@ -1,0 +1,156 @@
+"""``lease.hold(work_id)``: acquire, read, renew and release around a block."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from types import TracebackType
+from typing import TYPE_CHECKING
+
+from .._acompat import cleanup
+from .._models import Checkpoint, ExitMode, Token
+from .._window import Backoff
+from ..errors import FencedError, Retire
+from .backend import StateLike
+from .renewal import Renewal
+
+if TYPE_CHECKING:
+    from .lease import Lease
+
+__all__ = ["Hold"]
+
+
+class Hold:
+    """Holds a work ID for the duration of a ``with`` block.
+
+    Entering acquires the lease (waiting if asked), reads the checkpoint and starts a renewal;
+    the object then offers ``token``, ``prior`` (the ``Checkpoint`` read at the start),
+    ``renewal`` and ``checkpoint(state)``. Leaving releases the lease:
+
+    - normal exit → FINISHED;
+    - ``raise Retire(state)`` → ``state`` (if not ``None``) is checkpointed, then RETIRED; the
+      ``Retire`` does not propagate;
+    - any other exception, and cancellation → ABANDONED (the last checkpoint stays), and the
+      exception propagates;
+    - the lease was lost, or the block raised ``FencedError`` → nothing is written (the
+      successor sees EXPIRED); the loss propagates.
+
+    The final writes are bounded by ``cleanup_timeout`` seconds and survive a cancellation
+    that arrives meanwhile. If reading the checkpoint fails, nothing is released (the lease
+    lapses after its TTL).
+    """
+
+    __module__ = "worklease"
+
+    def __init__(
+        self,
+        lease: Lease,
+        work_id: str,
+        *,
+        wait: bool,
+        timeout: float | timedelta | None,
+        poll_interval: float | timedelta,
+        interval: float | timedelta | None,
+        backoff: Backoff | None,
+        cleanup_timeout: float,
+    ) -> None:
+        self._lease = lease
+        self._work_id = work_id
+        self._wait = wait
+        self._timeout = timeout
+        self._poll_interval = poll_interval
+        self._interval = interval
+        self._backoff = backoff
+        self._cleanup_timeout = cleanup_timeout
+        self._token: Token | None = None
+        self._prior: Checkpoint | None = None
+        self._renewal: Renewal | None = None
+
+    @property
+    def work_id(self) -> str:
+        return self._work_id
+
+    @property
+    def token(self) -> Token:
+        """The token of the held lease."""
+        if self._token is None:
+            raise RuntimeError("the hold has not been entered")
+        return self._token
+
+    @property
+    def prior(self) -> Checkpoint:
+        """The checkpoint and previous exit read right after acquiring."""
+        if self._prior is None:
+            raise RuntimeError("the hold has not been entered")
+        return self._prior
+
+    @property
+    def renewal(self) -> Renewal:
+        """The renewal keeping the lease alive during the block."""
+        if self._renewal is None:
+            raise RuntimeError("the hold has not been entered")
+        return self._renewal
+
+    def checkpoint(self, state: StateLike | None) -> None:
+        """Write a progress checkpoint (and extend the lease) with the held token."""
+        self._lease.checkpoint(self.token, state)
+
+    def __enter__(self) -> Hold:
+        if self._token is not None:
+            raise RuntimeError("a hold is entered once; ask the lease for a new one")
+        lease = self._lease
+        token = lease.acquire(
+            self._work_id,
+            wait=self._wait,
+            timeout=self._timeout,
+            poll_interval=self._poll_interval,
+        )
+        self._token = token
+        try:
+            self._prior = lease.read_checkpoint(token)
+            renewal = lease.renewal(token, interval=self._interval, backoff=self._backoff)
+            renewal.__enter__()
+        except Exception:
+            raise  # the lease lapses after its TTL: the successor sees EXPIRED
+        except BaseException:
+            cleanup(lease.release(token, ExitMode.ABANDONED), self._cleanup_timeout)
+            raise
+        self._renewal = renewal
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> bool:
+        renewal = self.renewal
+        renewal.__exit__(exc_type, exc, tb)  # raises the loss cause when lost
+        if renewal.lost or isinstance(exc, FencedError):
+            return False
+        token = self.token
+        if isinstance(exc, Retire):
+            cleanup(self._finish(token, exc.state, ExitMode.RETIRED), self._cleanup_timeout)
+            return True
+        mode = ExitMode.FINISHED if exc is None else ExitMode.ABANDONED
+        try:
+            cleanup(self._lease.release(token, mode), self._cleanup_timeout)
+        except Exception as error:
+            if exc is None:
+                raise
+            exc.add_note(f"worklease: releasing the lease as abandoned failed: {error!r}")
+        return False
+
+    def _finish(self, token: Token, state: StateLike | None, mode: ExitMode) -> None:
+        """Write the final state, then release; a failed write releases ABANDONED."""
+        if state is not None:
+            try:
+                self._lease.checkpoint(token, state)
+            except FencedError:
+                raise
+            except Exception as error:
+                try:
+                    self._lease.release(token, ExitMode.ABANDONED)
+                except Exception as release_error:
+                    error.add_note(f"worklease: releasing as abandoned failed too: {release_error!r}")
+                raise
+        self._lease.release(token, mode)

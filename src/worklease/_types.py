@@ -1,0 +1,15 @@
+"""Type aliases that differ between the flavours, written as hand-made pairs."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+
+from ._models import Checkpoint, Token
+
+__all__ = ["AsyncWorkFn", "WorkFn"]
+
+AsyncWorkFn = Callable[[Token, Checkpoint], Awaitable[bytes | None] | bytes | None]
+"""An asyncio work function ``work(token, prior)`` (a plain function works too)."""
+
+WorkFn = Callable[[Token, Checkpoint], bytes | None]
+"""A work function ``work(token, prior)`` returning the final state or ``None``."""

@@ -1,0 +1,262 @@
+"""Renewal arithmetic shared by both flavours: the retry backoff and the lease window.
+
+Nothing here waits or does I/O; the generated renewal loops call into it.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+from ._acompat import ThreadLock
+from ._models import Token
+from ._validation import to_seconds
+from .errors import (
+    InvalidTokenError,
+    LeaseLostError,
+    LeaseWindowExhaustedError,
+)
+
+__all__ = ["Backoff", "LeaseWindow", "TokenSeal", "monotonic", "seal_token", "unseal"]
+
+monotonic = time.monotonic
+
+_MIN_BACKOFF = 0.001
+
+
+@dataclass(frozen=True, slots=True, init=False)
+class Backoff:
+    """Retry pacing for transient renewal failures.
+
+    The n-th retry waits ``base + uniform(0, jitter * base)`` where ``base`` starts at
+    ``initial`` and doubles per retry up to ``maximum``. Out-of-range values are clamped, in
+    this order: ``initial`` or ``maximum`` not positive → 1 ms; ``jitter`` into [0, 1];
+    ``initial`` above ``maximum`` → ``maximum``. Durations are seconds or ``timedelta``.
+    """
+
+    __module__ = "worklease"
+
+    initial: float
+    maximum: float
+    jitter: float
+
+    def __init__(
+        self, initial: float | object = 0.1, maximum: float | object = 5.0, jitter: float = 0.2
+    ) -> None:
+        first = to_seconds(initial, "initial")
+        cap = to_seconds(maximum, "maximum")
+        spread = float(jitter)
+        if math.isnan(first) or math.isnan(cap) or math.isnan(spread):
+            raise ValueError("backoff values must not be NaN")
+        if first <= 0:
+            first = _MIN_BACKOFF
+        if cap <= 0:
+            cap = _MIN_BACKOFF
+        spread = min(max(spread, 0.0), 1.0)
+        first = min(first, cap)
+        object.__setattr__(self, "initial", first)
+        object.__setattr__(self, "maximum", cap)
+        object.__setattr__(self, "jitter", spread)
+
+    def delay(self, base: float) -> float:
+        """The wait for one retry at ``base`` seconds, with jitter added."""
+        return base + random.uniform(0.0, self.jitter * base) if self.jitter else base
+
+    def next_base(self, base: float) -> float:
+        """The base of the retry after one at ``base``."""
+        return min(base * 2, self.maximum)
+
+
+class TokenSeal:
+    """The lease-private part of a token: who issued it, and its renewal state."""
+
+    __slots__ = ("fields", "issuer", "stop_renewal", "window", "window_end")
+
+    def __init__(self, issuer: object, token: Token, window_end: float) -> None:
+        self.issuer = issuer
+        self.fields = (token.work_id, token.holder_id, token.fencing_token, token.expires_at)
+        self.window_end = window_end
+        """Best known monotonic instant up to which the lease is held."""
+        self.window: LeaseWindow | None = None
+        """The window of the most recent renewal, kept after it stops (its loss latches)."""
+        self.stop_renewal: Callable[[], None] | None = None
+
+    def lost_cause(self) -> LeaseLostError | None:
+        window = self.window
+        return window.cause() if window is not None else None
+
+    def extend(self, call_start: float, ttl: float) -> None:
+        """A successful write starting at ``call_start`` extended the lease."""
+        self.window_end = max(self.window_end, call_start + ttl)
+        window = self.window
+        if window is not None:
+            window.extend(call_start, ttl)
+
+    def attach(self, window: LeaseWindow, stop: Callable[[], None]) -> None:
+        self.window = window
+        self.stop_renewal = stop
+
+    def finished(self) -> None:
+        """The holder released or forgot the lease: a renewal still running must stop."""
+        stop = self.stop_renewal
+        if stop is not None:
+            stop()
+
+
+def seal_token(raw: Token, issuer: object, call_start: float, ttl: float) -> Token:
+    """Return ``raw`` sealed for ``issuer``, with its initial lease window.
+
+    The window starts at the earlier of the backend's expiry (converted to the monotonic
+    clock now) and the start of the acquire call plus the TTL, so it never exceeds the real
+    expiry whatever the offset between the two clocks.
+    """
+    if not isinstance(raw, Token):
+        raise TypeError(f"backend acquire returned {type(raw).__name__}, expected Token")
+    now_mono = monotonic()
+    expires_at = raw.expires_at
+    if expires_at.tzinfo is None:
+        raise ValueError("backend returned a naive expires_at; it must be timezone-aware")
+    by_expiry = now_mono + (expires_at - datetime.now(UTC)).total_seconds()
+    token = Token(raw.work_id, raw.holder_id, raw.fencing_token, expires_at)
+    seal = TokenSeal(issuer, token, min(by_expiry, call_start + ttl))
+    object.__setattr__(token, "_seal", seal)
+    return token
+
+
+def unseal(token: object, issuer: object) -> TokenSeal:
+    """The seal of a token issued through ``issuer``; InvalidTokenError otherwise."""
+    if not isinstance(token, Token):
+        raise TypeError(f"expected a Token from acquire, not {type(token).__name__}")
+    seal = token._seal
+    if not isinstance(seal, TokenSeal):
+        raise InvalidTokenError(
+            f"token for work ID {token.work_id!r} was not produced by acquire; "
+            "tokens cannot be built or copied by hand"
+        )
+    if seal.issuer is not issuer:
+        raise InvalidTokenError(
+            f"token for work ID {token.work_id!r} was issued through another backend"
+        )
+    if seal.fields != (token.work_id, token.holder_id, token.fencing_token, token.expires_at):
+        raise InvalidTokenError(f"token for work ID {token.work_id!r} was altered after acquire")
+    return seal
+
+
+class LeaseWindow:
+    """The monotonic lease window and loss state of one renewal. Thread-safe.
+
+    ``end`` is the monotonic instant up to which the lease is guaranteed held. The lease is
+    lost when a renewal is fenced, finds the lease lapsed, or when the window closes while a
+    renewal attempt (or its retries) that began inside the window has not succeeded. Loss by
+    window is decided by the clock whenever anybody looks, so a stalled call cannot hide it.
+    """
+
+    def __init__(self, token: Token, end: float) -> None:
+        self.token = token
+        self._lock = ThreadLock()
+        self._end = end
+        self._trying_since: float | None = None
+        self._cause: LeaseLostError | None = None
+        self._stopped = False
+
+    @property
+    def end(self) -> float:
+        return self._end
+
+    @property
+    def stopped(self) -> bool:
+        return self._stopped
+
+    def cause(self, now: float | None = None) -> LeaseLostError | None:
+        """The loss cause, latching window exhaustion if the window closed mid-renewal."""
+        with self._lock:
+            return self._check(monotonic() if now is None else now)
+
+    def _check(self, now: float) -> LeaseLostError | None:
+        if self._cause is None and not self._stopped:
+            since = self._trying_since
+            if since is not None and since < self._end <= now:
+                self._cause = self._exhausted()
+        return self._cause
+
+    def _exhausted(self) -> LeaseWindowExhaustedError:
+        token = self.token
+        return LeaseWindowExhaustedError(
+            f"lease window for work ID {token.work_id!r} (holder {token.holder_id!r}, "
+            f"token {token.fencing_token}) closed before a renewal succeeded",
+            token=token,
+        )
+
+    def remaining(self, now: float | None = None) -> float | None:
+        """Seconds of guaranteed lease left; ``None`` once lost or stopped."""
+        with self._lock:
+            now = monotonic() if now is None else now
+            if self._stopped or self._check(now) is not None:
+                return None
+            return max(self._end - now, 0.0)
+
+    def begin_attempt(self, now: float) -> float:
+        """Mark a renewal attempt as started; return the seconds left in the window.
+
+        The result is not positive when the window closed while the renewal was idle (an
+        interval longer than the TTL): the attempt must still run to learn whether the lease
+        lapsed, and loss by window does not apply to an attempt that began after the window.
+        """
+        with self._lock:
+            if self._trying_since is None:
+                self._trying_since = now
+            return self._end - now
+
+    def renewed(self, call_start: float, ttl: float) -> bool:
+        """Record a successful renewal; False if the lease was lost (or stopped) meanwhile."""
+        with self._lock:
+            if self._check(monotonic()) is not None or self._stopped:
+                return False
+            self._end = max(self._end, call_start + ttl)
+            self._trying_since = None
+            return True
+
+    def give_up(self) -> None:
+        """A renewal cycle ended without success or loss (stopped): no longer trying."""
+        with self._lock:
+            self._trying_since = None
+
+    def extend(self, call_start: float, ttl: float) -> None:
+        """A write outside the renewal (checkpoint, renew) extended the lease."""
+        with self._lock:
+            if self._cause is None and not self._stopped:
+                self._end = max(self._end, call_start + ttl)
+
+    def lose(self, cause: LeaseLostError) -> LeaseLostError:
+        """Record the loss unless one was already recorded; return the effective cause."""
+        with self._lock:
+            if self._cause is None:
+                self._cause = cause
+            return self._cause
+
+    def lose_by_window(self, error: BaseException | None = None) -> LeaseLostError:
+        """Record window exhaustion (chained to the last transient error)."""
+        cause = self._exhausted()
+        if error is not None:
+            cause.__cause__ = error
+        return self.lose(cause)
+
+    def window_closed(self, now: float) -> bool:
+        return now >= self._end
+
+    def stop(self) -> None:
+        with self._lock:
+            self._stopped = True
+
+
+def chain_loss(error: BaseException, cause: LeaseLostError) -> None:
+    """Attach a lease loss to the body's own exception without masking it."""
+    if error is cause:
+        return
+    if error.__context__ is None:
+        error.__context__ = cause
+    error.add_note(f"worklease: the lease was lost meanwhile: {cause}")
