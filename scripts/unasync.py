@@ -18,6 +18,9 @@ Usage::
     python scripts/unasync.py            # (re)generate, delete stale generated files
     python scripts/unasync.py --check    # write nothing; exit 1 on any drift
 
+Formatting is done by ruff, so run it with the ruff version pinned in pyproject.toml
+(it uses ``python -m ruff`` of the running interpreter, else ``ruff`` on PATH).
+
 Run it with one pinned Python (the repo uses 3.11): since Python 3.12 the tokenizer
 splits f-strings into tokens, so names inside ``{...}`` of an f-string are renamed on
 3.12+ but left alone on 3.11. To keep the output independent of the Python version, the
@@ -59,21 +62,16 @@ RULES: tuple[tuple[str, str], ...] = (
 # name must be listed here. Renames apply to NAME tokens (identifiers, attributes, import
 # paths) and to plain one-line string literals whose whole content is a key.
 REPLACEMENTS: dict[str, str] = {
-    # worklease names
+    # worklease names (keep in step with the public pairs in worklease/__init__.py)
     "AsyncLease": "Lease",
     "AsyncRenewal": "Renewal",
     "AsyncBackend": "Backend",
     "AsyncMemoryBackend": "MemoryBackend",
-    "AsyncPostgresBackend": "PostgresBackend",
     "AsyncVacuum": "Vacuum",
     "AsyncRunner": "Runner",
-    "AsyncLeader": "Leader",
-    "AsyncPool": "Pool",
     "AsyncHold": "Hold",
     "AsyncBackendConformance": "BackendConformance",
     "AsyncWorkFn": "WorkFn",
-    # module path backstop
-    "_async": "_sync",
     # compat pairs (worklease._acompat)
     "asleep": "sleep",
     "AEvent": "Event",
@@ -81,25 +79,12 @@ REPLACEMENTS: dict[str, str] = {
     "AWorker": "Worker",
     "acall": "call",
     "acleanup": "cleanup",
+    "acancel_worker": "cancel_worker",
     "AHostCanceller": "HostCanceller",
     "abounded": "bounded",
-    "agather": "gather",
-    "ACLIENT_EXCEPTIONS": "CLIENT_EXCEPTIONS",
     "wait_timeout": "wait",
     # tests compat (tests._acompat)
     "aspawn_all": "spawn_all",
-    # psycopg
-    "AsyncConnection": "Connection",
-    "AsyncConnectionPool": "ConnectionPool",
-    "AsyncCursor": "Cursor",
-    # stdlib
-    "AsyncExitStack": "ExitStack",
-    "enter_async_context": "enter_context",
-    "push_async_callback": "callback",
-    "aclose": "close",
-    "AbstractAsyncContextManager": "AbstractContextManager",
-    "anext": "next",
-    "aiter": "iter",
 }
 
 # Names allowed in generated output even though they match ^Sync[A-Z] or ^Async[A-Z].
@@ -112,6 +97,7 @@ HEADER_RE = re.compile(r"^# Generated from \S+ by scripts/unasync\.py -- do not 
 DEFAULT_ROOT = Path(__file__).resolve().parent.parent
 
 _ASYNC_SYNC_NAME_RE = re.compile(r"^(?:Sync|Async)[A-Z]")
+_ASYNC_PATH_RE = re.compile(r"(?:^|[./])_async(?:[./]|$)")
 _IS_SYNC_DECL_RE = re.compile(r"^_IS_SYNC(?P<ann>\s*:[^=]+)?\s*=\s*(?P<value>True|False)\b")
 
 
@@ -271,6 +257,33 @@ def check_fstrings(text: str, source: str, unasyncer: Unasyncer) -> list[str]:
     return errors
 
 
+def check_async_paths(text: str, source: str) -> list[str]:
+    """Reject string literals naming an ``_async`` module path in unasynced ``text``.
+
+    unasync renames a string only when its whole content is a key, so e.g. a
+    ``monkeypatch.setattr("worklease._async.lease.x", ...)`` target would silently keep
+    patching the async module. Docstrings and other bare string statements are exempt.
+    """
+    try:
+        tree = ast.parse(text, filename=source)
+    except SyntaxError as exc:
+        return [f"{source}:{exc.lineno}: generated code does not parse: {exc.msg}"]
+    bare = {
+        id(node.value)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant)
+    }
+    return [
+        f"{source}:{node.lineno}: string {node.value!r} names an _async path, which unasync "
+        "does not rewrite; refer to the module object instead"
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Constant)
+        and isinstance(node.value, str)
+        and id(node) not in bare
+        and _ASYNC_PATH_RE.search(node.value)
+    ]
+
+
 def flip_is_sync(text: str, source: str) -> str:
     """Turn the module's ``_IS_SYNC = False`` into ``_IS_SYNC = True``."""
     uses = [t for t in _name_tokens(text, source) if t.string == "_IS_SYNC"]
@@ -420,6 +433,7 @@ def generate_text(
         body = flip_is_sync(unasyncer.transform(source_text), src)
         result.used = unasyncer.used
         result.errors += guard_output(body, src, unasyncer, allowed)
+        result.errors += check_async_paths(body, src)
         if result.errors:
             return result
         try:
@@ -535,10 +549,10 @@ def run(
     if not errors:
         try:
             jobs = plan(root, rules)
+            results = generate_all(root, jobs, replacements=replacements, allowed=allowed)
         except GenerationError as exc:
             errors = [str(exc)]
         else:
-            results = generate_all(root, jobs, replacements=replacements, allowed=allowed)
             errors = [e for r in results for e in r.errors]
     if hygiene and not errors:
         used = set().union(*(r.used for r in results))

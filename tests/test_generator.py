@@ -250,6 +250,11 @@ def test_check_fails_on_missing_output(tree: Path) -> None:
             "bad.py:3: 'AsyncLease' inside an f-string",
             id="f-string",
         ),
+        pytest.param(
+            'TARGET = "worklease._async.lease.monotonic"\n',
+            "bad.py:1: string 'worklease._async.lease.monotonic' names an _async path",
+            id="async-path-string",
+        ),
         pytest.param("x=1\n", "bad.py: not ruff-format clean", id="unformatted"),
     ],
 )

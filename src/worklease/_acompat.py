@@ -1,10 +1,9 @@
 """The one place that touches asyncio and threading: async/sync pairs for the generated code.
 
 Each async helper (prefixed ``a``/``A``) has a sync twin with the plain name; the generator
-(``scripts/unasync.py``) renames one to the other. Helpers whose sync form would be a plain
-call (``abounded``/``bounded``, ``acleanup``/``cleanup``) take the awaitable in the async form
-and the already-computed value in the sync form, so the same source line reads correctly in
-both flavours.
+(``scripts/unasync.py``) renames one to the other. Call wrappers (``abounded``/``bounded``,
+``acleanup``/``cleanup``) take the function and its arguments, so the same source line reads
+correctly in both flavours.
 """
 
 from __future__ import annotations
@@ -112,7 +111,7 @@ async def acall(fn: Callable[..., T | Awaitable[T]], *args: Any) -> T:
     result = fn(*args)
     if inspect.isawaitable(result):
         return cast(T, await result)
-    return cast(T, result)
+    return result
 
 
 def call(fn: Callable[..., T], *args: Any) -> T:
@@ -122,26 +121,28 @@ def call(fn: Callable[..., T], *args: Any) -> T:
 # -- bounding and shielding calls -----------------------------------------------------------
 
 
-async def abounded(awaitable: Awaitable[T], timeout: float | None) -> T:
-    """Await with a time bound; ``TimeoutError`` when it elapses (the call is cancelled)."""
+async def abounded(timeout: float | None, fn: Callable[..., Awaitable[T]], *args: Any) -> T:
+    """Await ``fn(*args)`` with a time bound; ``TimeoutError`` when it elapses (the call is
+    cancelled). ``None`` means no bound."""
     if timeout is None:
-        return await awaitable
+        return await fn(*args)
     async with asyncio.timeout(max(timeout, 0.0)):
-        return await awaitable
+        return await fn(*args)
 
 
-def bounded(value: T, timeout: float | None) -> T:
-    """A thread cannot abandon a blocking call; the value was computed by the call itself."""
-    return value
+def bounded(timeout: float | None, fn: Callable[..., T], *args: Any) -> T:
+    """A thread cannot abandon a blocking call: the call runs unbounded (backends bound their
+    own statements)."""
+    return fn(*args)
 
 
-async def acleanup(coro: Coroutine[Any, Any, T], timeout: float) -> T:
-    """Run final writes to completion despite cancellation, bounded by ``timeout`` seconds.
+async def acleanup(timeout: float, fn: Callable[..., Coroutine[Any, Any, T]], *args: Any) -> T:
+    """Run final writes ``fn(*args)`` to completion despite cancellation, within ``timeout``.
 
     A cancellation that arrives meanwhile is held back until the writes finish (or time
     out) and then re-raised. On timeout the writes are cancelled and ``TimeoutError`` raised.
     """
-    task = asyncio.ensure_future(coro)
+    task = asyncio.ensure_future(fn(*args))
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout
     cancelled = False
@@ -155,14 +156,15 @@ async def acleanup(coro: Coroutine[Any, Any, T], timeout: float) -> T:
         except asyncio.CancelledError:
             cancelled = True
     if cancelled:
-        task.exception() if not task.cancelled() else None  # mark any error as retrieved
+        if not task.cancelled():
+            task.exception()  # retrieved: the cancellation takes precedence
         raise asyncio.CancelledError
     return task.result()
 
 
-def cleanup(value: T, timeout: float) -> T:
+def cleanup(timeout: float, fn: Callable[..., T], *args: Any) -> T:
     """Final writes in a thread run to completion; statement timeouts bound them."""
-    return value
+    return fn(*args)
 
 
 # -- cancelling the body of a renewal -------------------------------------------------------

@@ -198,8 +198,7 @@ class MemoryStore:
                 if now > row.expires_at
                 and now - row.updated_at > keep_for
                 and (
-                    row.exit_mode is ExitMode.RETIRED
-                    or (include_expired and row.exit_mode is None)
+                    row.exit_mode is ExitMode.RETIRED or (include_expired and row.exit_mode is None)
                 )
             ]
             for work_id in doomed:

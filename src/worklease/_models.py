@@ -40,7 +40,7 @@ class ExitMode(enum.StrEnum):
         if value is None:
             return cls.NONE
         try:
-            return cls(value)
+            return cls(str(value))
         except ValueError:
             return cls.EXPIRED
 

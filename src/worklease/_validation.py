@@ -120,10 +120,14 @@ def state_size(state: StateLike | None) -> int:
 
 def check_exit_mode(mode: object) -> ExitMode:
     """Accept FINISHED, ABANDONED or RETIRED (or their text); InvalidExitModeError otherwise."""
-    try:
-        parsed = ExitMode(mode) if not isinstance(mode, ExitMode) else mode
-    except ValueError:
-        parsed = None
+    parsed: ExitMode | None = None
+    if isinstance(mode, ExitMode):
+        parsed = mode
+    elif isinstance(mode, str):
+        try:
+            parsed = ExitMode(mode)
+        except ValueError:
+            parsed = None
     if parsed is None or not parsed.declarable:
         raise InvalidExitModeError(
             f"invalid exit mode {mode!r}: release accepts finished, abandoned or retired"

@@ -233,7 +233,7 @@ class BackendError(WorkleaseError):
         return (_rebuild, (type(self), self.args, self.__dict__))
 
 
-class Retire(WorkleaseError):  # noqa: N818 - a signal, named for what the caller does
+class Retire(WorkleaseError):
     """Raised by a work function to retire its work ID for good.
 
     The lease is released with ``ExitMode.RETIRED``; ``state``, when not ``None``, is written as

@@ -1,1 +1,1 @@
-"""The asyncio flavour: the hand-written source the sync flavour is generated from."""
+"""One flavour of the lease engine (see ``scripts/unasync.py``); import from ``worklease``."""

@@ -112,7 +112,7 @@ class AsyncHold:
         except Exception:
             raise  # the lease lapses after its TTL: the successor sees EXPIRED
         except BaseException:
-            await acleanup(lease.release(token, ExitMode.ABANDONED), self._cleanup_timeout)
+            await acleanup(self._cleanup_timeout, lease.release, token, ExitMode.ABANDONED)
             raise
         self._renewal = renewal
         return self
@@ -129,11 +129,11 @@ class AsyncHold:
             return False
         token = self.token
         if isinstance(exc, Retire):
-            await acleanup(self._finish(token, exc.state, ExitMode.RETIRED), self._cleanup_timeout)
+            await acleanup(self._cleanup_timeout, self._finish, token, exc.state, ExitMode.RETIRED)
             return True
         mode = ExitMode.FINISHED if exc is None else ExitMode.ABANDONED
         try:
-            await acleanup(self._lease.release(token, mode), self._cleanup_timeout)
+            await acleanup(self._cleanup_timeout, self._lease.release, token, mode)
         except Exception as error:
             if exc is None:
                 raise
@@ -151,6 +151,8 @@ class AsyncHold:
                 try:
                     await self._lease.release(token, ExitMode.ABANDONED)
                 except Exception as release_error:
-                    error.add_note(f"worklease: releasing as abandoned failed too: {release_error!r}")
+                    error.add_note(
+                        f"worklease: releasing as abandoned failed too: {release_error!r}"
+                    )
                 raise
         await self._lease.release(token, mode)

@@ -200,7 +200,7 @@ class AsyncLease:
         ``LeaseExpiredError`` after this holder released it.
         """
         data = normalize_state(state)
-        size = state_size(state)  # type: ignore[arg-type]
+        size = state_size(state)
         seal = self._writable(token)
         start = monotonic()
         try:
@@ -230,7 +230,7 @@ class AsyncLease:
         """One backend renewal, reported to the observer (used by renew and renewals)."""
         start = monotonic()
         try:
-            await abounded(self._backend.renew(token, self._ttl), timeout)
+            await abounded(timeout, self._backend.renew, token, self._ttl)
         except Exception as exc:
             duration = monotonic() - start
             notify(self._observer.on_renew, RenewEvent(token, attempt, duration, exc))

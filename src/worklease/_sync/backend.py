@@ -1,3 +1,6 @@
+# Generated from src/worklease/_async/backend.py by scripts/unasync.py -- do not edit.
+# Change the async source and run "python scripts/unasync.py".
+
 """The storage contract every backend implements."""
 
 from __future__ import annotations

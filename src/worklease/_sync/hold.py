@@ -1,3 +1,6 @@
+# Generated from src/worklease/_async/hold.py by scripts/unasync.py -- do not edit.
+# Change the async source and run "python scripts/unasync.py".
+
 """``lease.hold(work_id)``: acquire, read, renew and release around a block."""
 
 from __future__ import annotations
@@ -112,7 +115,7 @@ class Hold:
         except Exception:
             raise  # the lease lapses after its TTL: the successor sees EXPIRED
         except BaseException:
-            cleanup(lease.release(token, ExitMode.ABANDONED), self._cleanup_timeout)
+            cleanup(self._cleanup_timeout, lease.release, token, ExitMode.ABANDONED)
             raise
         self._renewal = renewal
         return self
@@ -129,11 +132,11 @@ class Hold:
             return False
         token = self.token
         if isinstance(exc, Retire):
-            cleanup(self._finish(token, exc.state, ExitMode.RETIRED), self._cleanup_timeout)
+            cleanup(self._cleanup_timeout, self._finish, token, exc.state, ExitMode.RETIRED)
             return True
         mode = ExitMode.FINISHED if exc is None else ExitMode.ABANDONED
         try:
-            cleanup(self._lease.release(token, mode), self._cleanup_timeout)
+            cleanup(self._cleanup_timeout, self._lease.release, token, mode)
         except Exception as error:
             if exc is None:
                 raise
@@ -151,6 +154,8 @@ class Hold:
                 try:
                     self._lease.release(token, ExitMode.ABANDONED)
                 except Exception as release_error:
-                    error.add_note(f"worklease: releasing as abandoned failed too: {release_error!r}")
+                    error.add_note(
+                        f"worklease: releasing as abandoned failed too: {release_error!r}"
+                    )
                 raise
         self._lease.release(token, mode)

@@ -1,3 +1,6 @@
+# Generated from src/worklease/_async/lease.py by scripts/unasync.py -- do not edit.
+# Change the async source and run "python scripts/unasync.py".
+
 """The lease handle: acquire, checkpoint, renew, release, forget, renewal and hold."""
 
 from __future__ import annotations
@@ -200,7 +203,7 @@ class Lease:
         ``LeaseExpiredError`` after this holder released it.
         """
         data = normalize_state(state)
-        size = state_size(state)  # type: ignore[arg-type]
+        size = state_size(state)
         seal = self._writable(token)
         start = monotonic()
         try:
@@ -230,7 +233,7 @@ class Lease:
         """One backend renewal, reported to the observer (used by renew and renewals)."""
         start = monotonic()
         try:
-            bounded(self._backend.renew(token, self._ttl), timeout)
+            bounded(timeout, self._backend.renew, token, self._ttl)
         except Exception as exc:
             duration = monotonic() - start
             notify(self._observer.on_renew, RenewEvent(token, attempt, duration, exc))

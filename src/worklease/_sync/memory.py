@@ -1,3 +1,6 @@
+# Generated from src/worklease/_async/memory.py by scripts/unasync.py -- do not edit.
+# Change the async source and run "python scripts/unasync.py".
+
 """The in-memory backend: for tests and single-process use."""
 
 from __future__ import annotations

@@ -1,3 +1,6 @@
+# Generated from src/worklease/_async/renewal.py by scripts/unasync.py -- do not edit.
+# Change the async source and run "python scripts/unasync.py".
+
 """Background renewal of one lease, with loss detection."""
 
 from __future__ import annotations
@@ -131,7 +134,8 @@ class Renewal:
             self._context = None
         ours = self._canceller.consume(exc)
         if cause is not None and ours:
-            raise cause.with_traceback(None) from None
+            cause.__suppress_context__ = True  # hide our own CancelledError, keep __cause__
+            raise cause.with_traceback(None)
         if exc is not None:
             if cause is not None:
                 chain_loss(exc, cause)

@@ -1,3 +1,6 @@
+# Generated from src/worklease/_async/runner.py by scripts/unasync.py -- do not edit.
+# Change the async source and run "python scripts/unasync.py".
+
 """Runner: the whole acquire → read → work → checkpoint → release lifecycle for one call."""
 
 from __future__ import annotations

@@ -1,3 +1,6 @@
+# Generated from src/worklease/_async/vacuum.py by scripts/unasync.py -- do not edit.
+# Change the async source and run "python scripts/unasync.py".
+
 """Periodic clean-up of lease rows that no successor needs."""
 
 from __future__ import annotations
