@@ -1,0 +1,43 @@
+"""Developer sessions: nox -s generate | generate-check | lint | tests."""
+
+from __future__ import annotations
+
+import nox
+
+nox.options.sessions = ["generate-check", "lint", "tests"]
+nox.options.error_on_missing_interpreters = False  # 3.12/3.13 are optional on a dev box
+
+# The one interpreter that defines generated output (f-string tokenization changed in 3.12).
+GEN_PYTHON = "3.11"
+GEN_DEPS = ("unasync==0.6.0", "ruff==0.17.6")
+PYTHONS = ["3.11", "3.12", "3.13"]
+
+
+@nox.session(python=GEN_PYTHON)
+def generate(session: nox.Session) -> None:
+    """Regenerate src/worklease/_sync and tests/_sync from the async sources."""
+    session.install(*GEN_DEPS)
+    session.run("python", "scripts/unasync.py", *session.posargs)
+
+
+@nox.session(name="generate-check", python=GEN_PYTHON)
+def generate_check(session: nox.Session) -> None:
+    """Fail if the generated sync flavour drifted from its async source."""
+    session.install(*GEN_DEPS)
+    session.run("python", "scripts/unasync.py", "--check")
+
+
+@nox.session(python=GEN_PYTHON)
+def lint(session: nox.Session) -> None:
+    """ruff (lint + format) and mypy --strict over both flavours, tests, examples, scripts."""
+    session.install("-e", ".[dev]")
+    session.run("ruff", "check", "src", "tests", "scripts", "examples", "noxfile.py")
+    session.run("ruff", "format", "--check", "src", "tests", "scripts", "examples", "noxfile.py")
+    session.run("mypy")
+
+
+@nox.session(python=PYTHONS)
+def tests(session: nox.Session) -> None:
+    """The whole test suite (both flavours, every backend that is reachable)."""
+    session.install("-e", ".[test]")
+    session.run("python", "-m", "pytest", *session.posargs)
