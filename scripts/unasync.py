@@ -72,6 +72,7 @@ REPLACEMENTS: dict[str, str] = {
     "AsyncHold": "Hold",
     "AsyncBackendConformance": "BackendConformance",
     "AsyncWorkFn": "WorkFn",
+    "AsyncPostgresBackend": "PostgresBackend",
     # compat pairs (worklease._acompat)
     "asleep": "sleep",
     "AEvent": "Event",
@@ -83,6 +84,10 @@ REPLACEMENTS: dict[str, str] = {
     "AHostCanceller": "HostCanceller",
     "abounded": "bounded",
     "wait_timeout": "wait",
+    # psycopg and psycopg_pool (import them from the package top level)
+    "AsyncClientCursor": "ClientCursor",
+    "AsyncConnection": "Connection",
+    "AsyncConnectionPool": "ConnectionPool",
     # tests compat (tests._acompat)
     "aspawn_all": "spawn_all",
 }

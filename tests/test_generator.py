@@ -24,8 +24,9 @@ MOD_SOURCE = '''\
 from __future__ import annotations
 
 from worklease._acompat import asleep
-from worklease._async.lease import AsyncLease
 from worklease._base import helper
+
+from .lease import AsyncLease
 
 __all__ = ["AsyncLease", "hold"]
 
@@ -49,7 +50,8 @@ from __future__ import annotations
 
 from worklease._acompat import sleep
 from worklease._base import helper
-from worklease._sync.lease import Lease
+
+from .lease import Lease
 
 __all__ = ["Lease", "hold"]
 

@@ -15,6 +15,7 @@ from ._async.backend import AsyncBackend as AsyncBackend
 from ._async.hold import AsyncHold as AsyncHold
 from ._async.lease import AsyncLease as AsyncLease
 from ._async.memory import AsyncMemoryBackend as AsyncMemoryBackend
+from ._async.postgres import AsyncPostgresBackend as AsyncPostgresBackend
 from ._async.renewal import AsyncRenewal as AsyncRenewal
 from ._async.runner import AsyncRunner as AsyncRunner
 from ._async.vacuum import AsyncVacuum as AsyncVacuum
@@ -23,10 +24,12 @@ from ._models import Checkpoint as Checkpoint
 from ._models import ExitMode as ExitMode
 from ._models import Operation as Operation
 from ._models import Token as Token
+from ._pg import schema_sql as schema_sql
 from ._sync.backend import Backend as Backend
 from ._sync.hold import Hold as Hold
 from ._sync.lease import Lease as Lease
 from ._sync.memory import MemoryBackend as MemoryBackend
+from ._sync.postgres import PostgresBackend as PostgresBackend
 from ._sync.renewal import Renewal as Renewal
 from ._sync.runner import Runner as Runner
 from ._sync.vacuum import Vacuum as Vacuum
@@ -84,6 +87,7 @@ __all__ = [
     "AsyncHold",
     "AsyncLease",
     "AsyncMemoryBackend",
+    "AsyncPostgresBackend",
     "AsyncRenewal",
     "AsyncRunner",
     "AsyncVacuum",
@@ -118,6 +122,7 @@ __all__ = [
     "MemoryBackend",
     "Operation",
     "PermanentError",
+    "PostgresBackend",
     "PoolConfigError",
     "PoolObserver",
     "ReadCheckpointEvent",
@@ -142,4 +147,5 @@ __all__ = [
     "__version__",
     "current_renewal",
     "permanent",
+    "schema_sql",
 ]

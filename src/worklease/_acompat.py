@@ -187,6 +187,11 @@ class AHostCanceller:
         self._task = asyncio.current_task()
         self._baseline = self._task.cancelling() if self._task is not None else 0
 
+    @property
+    def requested(self) -> bool:
+        """Whether ``cancel`` cancelled the task (and ``consume`` has not run yet)."""
+        return self._requested
+
     def cancel(self) -> None:
         task = self._task
         if task is not None and not self._requested and not task.done():
@@ -208,6 +213,10 @@ class HostCanceller:
 
     def bind(self) -> None:
         pass
+
+    @property
+    def requested(self) -> bool:
+        return False
 
     def cancel(self) -> None:
         pass

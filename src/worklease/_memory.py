@@ -13,11 +13,11 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
 from ._acompat import ThreadLock
+from ._failures import fenced, held, lease_expired
 from ._models import Checkpoint, ExitMode, Token
 from ._validation import check_exit_mode, check_work_id, normalize_state
-from .errors import FencedError, LeaseExpiredError, LeaseHeldError
 
-__all__ = ["MemoryStore", "fenced", "held", "lease_expired", "system_clock"]
+__all__ = ["MemoryStore", "RowSnapshot", "system_clock"]
 
 RELEASE_OFFSET = timedelta(milliseconds=1)
 """Release sets expiry this far before now, so the row is acquirable at once."""
@@ -27,33 +27,6 @@ _TINY = timedelta(microseconds=1)
 
 def system_clock() -> datetime:
     return datetime.now(UTC)
-
-
-def fenced(token: Token, operation: str) -> FencedError:
-    return FencedError(
-        f"{operation}: work ID {token.work_id!r}, holder {token.holder_id!r}, token "
-        f"{token.fencing_token}: fenced (a newer token exists or the lease row is gone)",
-        token=token,
-    )
-
-
-def lease_expired(token: Token, operation: str, why: str) -> LeaseExpiredError:
-    return LeaseExpiredError(
-        f"{operation}: work ID {token.work_id!r}, holder {token.holder_id!r}, token "
-        f"{token.fencing_token}: {why}",
-        token=token,
-    )
-
-
-def held(work_id: str, holder_id: str | None, expires_at: datetime | None) -> LeaseHeldError:
-    by = f" by {holder_id!r}" if holder_id is not None else ""
-    until = f" until {expires_at.isoformat()}" if expires_at is not None else ""
-    return LeaseHeldError(
-        f"work ID {work_id!r} is held{by}{until}",
-        work_id=work_id,
-        holder_id=holder_id,
-        expires_at=expires_at,
-    )
 
 
 @dataclass(slots=True)

@@ -253,10 +253,14 @@ class LeaseWindow:
             self._stopped = True
 
 
-def chain_loss(error: BaseException, cause: LeaseLostError) -> None:
-    """Attach a lease loss to the body's own exception without masking it."""
+def chain_loss(error: BaseException, cause: LeaseLostError, *, cancelled: bool = False) -> None:
+    """Attach a lease loss to the body's own exception without masking it.
+
+    ``cancelled``: the body was cancelled because of the loss and raised ``error`` instead;
+    the loss then replaces the cancellation as the error's context.
+    """
     if error is cause:
         return
-    if error.__context__ is None:
+    if error.__context__ is None or cancelled:
         error.__context__ = cause
     error.add_note(f"worklease: the lease was lost meanwhile: {cause}")

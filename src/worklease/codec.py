@@ -27,6 +27,9 @@ class Codec(Protocol[T]):
     def decode(self, data: bytes | bytearray | memoryview | None) -> T | None: ...
 
 
+Codec.__module__ = "worklease"  # set outside the body: not a protocol member
+
+
 class JSONCodec(Generic[T]):
     """A codec using the standard ``json`` module.
 

@@ -52,3 +52,6 @@ class AsyncBackend(Protocol):
     async def forget(self, token: Token) -> None: ...
 
     async def sweep(self, retention: float, include_expired: bool) -> int: ...
+
+
+AsyncBackend.__module__ = "worklease"  # set outside the body: not a protocol member

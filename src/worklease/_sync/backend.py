@@ -55,3 +55,6 @@ class Backend(Protocol):
     def forget(self, token: Token) -> None: ...
 
     def sweep(self, retention: float, include_expired: bool) -> int: ...
+
+
+Backend.__module__ = "worklease"  # set outside the body: not a protocol member

@@ -132,13 +132,14 @@ class Renewal:
         if self._context is not None:
             _current.reset(self._context)
             self._context = None
+        requested = self._canceller.requested
         ours = self._canceller.consume(exc)
         if cause is not None and ours:
             cause.__suppress_context__ = True  # hide our own CancelledError, keep __cause__
             raise cause.with_traceback(None)
         if exc is not None:
             if cause is not None:
-                chain_loss(exc, cause)
+                chain_loss(exc, cause, cancelled=requested)
             return
         if cause is not None:
             raise cause.with_traceback(None)

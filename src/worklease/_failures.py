@@ -1,0 +1,37 @@
+"""Builders for the errors backends raise, with messages naming work ID, holder and token."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from ._models import Token
+from .errors import FencedError, LeaseExpiredError, LeaseHeldError
+
+__all__ = ["fenced", "held", "lease_expired"]
+
+
+def fenced(token: Token, operation: str) -> FencedError:
+    return FencedError(
+        f"{operation}: work ID {token.work_id!r}, holder {token.holder_id!r}, token "
+        f"{token.fencing_token}: fenced (a newer token exists or the lease row is gone)",
+        token=token,
+    )
+
+
+def lease_expired(token: Token, operation: str, why: str) -> LeaseExpiredError:
+    return LeaseExpiredError(
+        f"{operation}: work ID {token.work_id!r}, holder {token.holder_id!r}, token "
+        f"{token.fencing_token}: {why}",
+        token=token,
+    )
+
+
+def held(work_id: str, holder_id: str | None, expires_at: datetime | None) -> LeaseHeldError:
+    by = f" by {holder_id!r}" if holder_id is not None else ""
+    until = f" until {expires_at.isoformat()}" if expires_at is not None else ""
+    return LeaseHeldError(
+        f"work ID {work_id!r} is held{by}{until}",
+        work_id=work_id,
+        holder_id=holder_id,
+        expires_at=expires_at,
+    )

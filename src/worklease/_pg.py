@@ -1,0 +1,236 @@
+"""PostgreSQL statements, schema text and error mapping shared by both flavours.
+
+Every lease operation is one SQL statement sent in one round trip. It runs in autocommit mode
+as a simple-protocol query whose first command pins the transaction to READ COMMITTED, so a
+database or role defaulting to REPEATABLE READ or SERIALIZABLE cannot turn a contended acquire
+into a serialization failure, at no extra round trip. Parameters are bound client-side by
+psycopg (``ClientCursor``), which quotes them safely; identifiers go through ``psycopg.sql``.
+
+Writes that match no row are told apart (fenced vs expired) in the same statement: a sub-select
+reads the row as it was when the statement started. Under a concurrent change the answer can
+only move from "expired" to "fenced", the safe direction.
+"""
+
+from __future__ import annotations
+
+import re
+from datetime import UTC, datetime, timedelta
+from importlib import resources
+from typing import Any
+
+import psycopg
+from psycopg import errors as pg_errors
+from psycopg import sql
+
+from ._failures import fenced, held, lease_expired
+from ._models import Checkpoint, ExitMode, Token
+from .errors import BackendError, ConfigError
+
+__all__ = ["Statements", "map_error", "schema_sql"]
+
+TABLE = "worklease_leases"
+SEQUENCE = "worklease_fencing_seq"
+_PIN = "SET TRANSACTION ISOLATION LEVEL READ COMMITTED; "
+_MISSING_SCHEMA_HINT = (
+    "the worklease schema is missing ({detail}); create it with "
+    "`worklease migrate --dsn DSN` (or PostgresBackend.apply_schema(pool))"
+)
+
+
+def check_schema_name(schema: object) -> str | None:
+    if schema is None:
+        return None
+    if not isinstance(schema, str) or not schema or "\x00" in schema:
+        raise ConfigError(f"schema must be a non-empty string without NUL, got {schema!r}")
+    return schema
+
+
+def schema_sql(schema: str | None = None) -> str:
+    """The DDL that creates the worklease table, sequence and index (idempotent).
+
+    With ``schema``, the objects are created in (and the script first creates) that PostgreSQL
+    schema; identifiers are quoted.
+    """
+    text = resources.files("worklease").joinpath("schema.sql").read_text(encoding="utf-8")
+    name = check_schema_name(schema)
+    if name is None:
+        return text
+    quoted = sql.Identifier(name).as_string()
+    replacements = [
+        (f"SEQUENCE IF NOT EXISTS {SEQUENCE};", f"SEQUENCE IF NOT EXISTS {quoted}.{SEQUENCE};"),
+        (f"TABLE IF NOT EXISTS {TABLE} (", f"TABLE IF NOT EXISTS {quoted}.{TABLE} ("),
+        (f"nextval('{SEQUENCE}')", f"nextval({_quote_literal(quoted + '.' + SEQUENCE)})"),
+        (f"ON {TABLE} (updated_at)", f"ON {quoted}.{TABLE} (updated_at)"),
+    ]
+    for old, new in replacements:
+        if text.count(old) != 1:  # pragma: no cover - guards edits of schema.sql
+            raise AssertionError(f"schema.sql no longer contains {old!r} exactly once")
+        text = text.replace(old, new)
+    body = text.split("\n", 3)
+    header, rest = "\n".join(body[:3]), body[3]
+    return f"{header}\nCREATE SCHEMA IF NOT EXISTS {quoted};\n\n{rest}"
+
+
+def _quote_literal(value: str) -> str:
+    return "'" + value.replace("'", "''") + "'"
+
+
+def schema_statements(schema: str | None = None) -> list[str]:
+    """``schema_sql`` split into single statements (comments dropped)."""
+    lines = [line for line in schema_sql(schema).splitlines() if not line.startswith("--")]
+    return [part.strip() for part in "\n".join(lines).split(";") if part.strip()]
+
+
+class Statements:
+    """The composed statements for one schema (``None``: the connection's search_path)."""
+
+    def __init__(self, schema: str | None) -> None:
+        self.schema = check_schema_name(schema)
+        table = sql.Identifier(self.schema, TABLE) if self.schema else sql.Identifier(TABLE)
+        pin = sql.SQL(_PIN)
+
+        def build(text: str) -> sql.Composed:
+            return pin + sql.SQL(text).format(table=table)
+
+        owned = "work_id = %(work_id)s AND holder_id = %(holder_id)s AND fencing_token = %(token)s"
+        self.acquire = build(
+            """WITH granted AS (
+    INSERT INTO {table} AS l (work_id, holder_id, expires_at)
+    VALUES (%(work_id)s, %(holder_id)s, now() + %(ttl)s)
+    ON CONFLICT (work_id) DO UPDATE SET
+        holder_id = EXCLUDED.holder_id,
+        fencing_token = EXCLUDED.fencing_token,
+        expires_at = EXCLUDED.expires_at,
+        exit_mode = NULL,
+        prev_exit_mode = COALESCE(l.exit_mode, 'expired'),
+        prev_holder_id = l.holder_id,
+        updated_at = now()
+    WHERE l.expires_at < now()
+    RETURNING fencing_token, expires_at
+)
+SELECT true, fencing_token, expires_at, NULL::text FROM granted
+UNION ALL
+SELECT false, NULL::bigint, expires_at, holder_id FROM {table}
+WHERE work_id = %(work_id)s AND NOT EXISTS (SELECT 1 FROM granted)"""
+        )
+        self.checkpoint = build(
+            f"""WITH written AS (
+    UPDATE {{table}} SET checkpoint = %(state)s, expires_at = now() + %(ttl)s, updated_at = now()
+    WHERE {owned} AND exit_mode IS NULL
+    RETURNING 1
+)
+SELECT EXISTS (SELECT 1 FROM written),
+       (SELECT exit_mode IS NOT NULL FROM {{table}} WHERE {owned})"""
+        )
+        self.renew = build(
+            f"""SELECT set_config('statement_timeout', %(statement_timeout)s, true);
+WITH renewed AS (
+    UPDATE {{table}} SET expires_at = now() + %(ttl)s, updated_at = now()
+    WHERE {owned} AND expires_at > now()
+    RETURNING 1
+)
+SELECT EXISTS (SELECT 1 FROM renewed),
+       (SELECT exit_mode IS NOT NULL OR expires_at <= now() FROM {{table}} WHERE {owned})"""
+        )
+        self.release = build(
+            f"""WITH released AS (
+    UPDATE {{table}}
+    SET exit_mode = %(mode)s, expires_at = now() - interval '1 millisecond', updated_at = now()
+    WHERE {owned} AND expires_at > now()
+    RETURNING 1
+)
+SELECT EXISTS (SELECT 1 FROM released),
+       (SELECT exit_mode IS NOT NULL OR expires_at <= now() FROM {{table}} WHERE {owned})"""
+        )
+        self.read_checkpoint = build(
+            """SELECT fencing_token, checkpoint, prev_exit_mode, prev_holder_id
+FROM {table} WHERE work_id = %(work_id)s"""
+        )
+        self.forget = build(f"DELETE FROM {{table}} WHERE {owned} RETURNING 1")
+        self.sweep = build(
+            """DELETE FROM {table}
+WHERE updated_at < now() - %(retention)s
+  AND expires_at < now()
+  AND (exit_mode = 'retired' OR (%(include_expired)s AND exit_mode IS NULL))"""
+        )
+
+    # -- parameters -------------------------------------------------------------------------
+
+    @staticmethod
+    def ttl(seconds: float) -> timedelta:
+        """A TTL as an interval; a non-positive one yields an already-expired lease."""
+        if seconds <= 0:
+            seconds = min(seconds, -1e-6)
+        return timedelta(seconds=seconds)
+
+    @staticmethod
+    def owned(token: Token) -> dict[str, Any]:
+        return {
+            "work_id": token.work_id,
+            "holder_id": token.holder_id,
+            "token": token.fencing_token,
+        }
+
+    # -- results ------------------------------------------------------------------------------
+
+    @staticmethod
+    def acquired(rows: list[tuple[Any, ...]], work_id: str, holder_id: str) -> Token:
+        if rows and rows[0][0]:
+            _, fencing_token, expires_at, _ = rows[0]
+            return Token(work_id, holder_id, int(fencing_token), _utc(expires_at))
+        if rows:
+            _, _, expires_at, current_holder = rows[0]
+            raise held(work_id, current_holder, _utc(expires_at))
+        raise held(work_id, None, None)  # inserted concurrently, not yet visible to us
+
+    @staticmethod
+    def written(rows: list[tuple[Any, ...]], token: Token, operation: str) -> None:
+        done, expired = rows[0] if rows else (False, None)
+        if done:
+            return
+        if expired:
+            raise lease_expired(token, operation, "the lease expired or was released")
+        raise fenced(token, operation)
+
+    @staticmethod
+    def checkpoint_row(rows: list[tuple[Any, ...]], token: Token) -> Checkpoint:
+        if not rows or int(rows[0][0]) != token.fencing_token:
+            raise fenced(token, "read_checkpoint")
+        _, state, prev_exit, prev_holder = rows[0]
+        return Checkpoint(
+            bytes(state) if state is not None else None,
+            ExitMode.from_stored(prev_exit),
+            prev_holder,
+        )
+
+
+def _utc(value: datetime) -> datetime:
+    return value.astimezone(UTC)
+
+
+_TRANSIENT = (
+    psycopg.OperationalError,  # connection loss, restarts, AdminShutdown, QueryCanceled,
+    # serialization failures and deadlocks (TransactionRollback), PoolTimeout
+    psycopg.InterfaceError,  # the connection was closed under us
+)
+
+_SCHEMA_ERROR = re.compile(r'relation "[^"]*worklease_leases" does not exist')
+
+
+def map_error(error: psycopg.Error, operation: str) -> BackendError:
+    """Wrap a driver error in ``BackendError`` (the caller chains it with ``from``)."""
+    if isinstance(error, pg_errors.UndefinedTable) and _SCHEMA_ERROR.search(str(error)):
+        detail = error.diag.message_primary or str(error).splitlines()[0]
+        return BackendError(f"{operation}: " + _MISSING_SCHEMA_HINT.format(detail=detail))
+    transient = isinstance(error, _TRANSIENT)
+    kind = "transient" if transient else "permanent"
+    detail = str(error).strip().splitlines()[0] if str(error).strip() else ""
+    return BackendError(
+        f"{operation}: PostgreSQL error ({kind}): {type(error).__name__}: {detail}",
+        transient=transient,
+    )
+
+
+def must_discard(error: BaseException) -> bool:
+    """Whether the connection a failed call used may be in an unknown state."""
+    return not isinstance(error, psycopg.Error) or isinstance(error, _TRANSIENT)

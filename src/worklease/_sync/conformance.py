@@ -1,0 +1,714 @@
+# Generated from src/worklease/_async/conformance.py by scripts/unasync.py -- do not edit.
+# Change the async source and run "python scripts/unasync.py".
+
+"""The backend conformance suite: every backend must pass these tests.
+
+Each test method checks one case of the backend contract (the numbered conformance cases of
+the worklease behaviour specification, section 4.2) against a backend called directly, with
+plain tokens and float-second TTLs. A method's docstring starts with its case number;
+methods whose docstring starts with "Extra" check further documented rules (work ID and
+state validation, exit-mode validation, large and mutable state buffers).
+
+How to use it
+-------------
+The suite is a test-class base whose name does not start with ``Test``, so pytest does not
+collect it by itself. Subclass it in a class named ``Test...`` and provide a fixture named
+``backend`` (in the subclass or in a ``conftest.py``) that gives every test a fresh, empty
+backend; the base class deliberately defines no such fixture. The fixture must be
+function-scoped: the cases assume a backend with no rows (sweep counts of zero are asserted
+exactly) and one test's rows must not be seen by another. See ``worklease.conformance`` for
+an example.
+
+The suite needs pytest (not a runtime dependency of worklease); the asyncio flavour also
+needs pytest-asyncio with ``asyncio_mode = "auto"``.
+
+Notes
+-----
+- Fencing tokens are compared only for order, never for absolute values: a backend may share
+  one token sequence between work IDs, instances or tests (PostgreSQL does).
+- The specification's "retention of 1 ns" becomes ``TINY_RETENTION`` (1 microsecond, the
+  resolution of Python datetimes). Before every sweep that relies on it, the test first sleeps
+  ``SWEEP_SETTLE`` seconds (2 ms) so the rows are strictly older than the retention on any
+  backend clock, including a coarse one or a database server clock that is read at the start
+  of a transaction; without the pause a fast backend could see an age of zero and keep the
+  row, and a "nothing deleted" result would prove nothing.
+- Cases 33 and 33a (operations under an already-cancelled Go context) do not apply to this
+  port and are not part of the suite; cancellation is covered by the flavour-specific tests of
+  the lease and of each backend.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from datetime import UTC, datetime
+from typing import ClassVar
+
+import pytest
+
+from .._acompat import sleep
+from .._models import ExitMode, Token
+from ..errors import (
+    FencedError,
+    InvalidExitModeError,
+    LeaseExpiredError,
+    LeaseHeldError,
+)
+from .backend import Backend
+
+__all__ = ["BackendConformance"]
+
+
+class BackendConformance:
+    """Conformance tests for a backend; subclass in a ``Test...`` class (see the module doc).
+
+    Every test receives the backend under test through a fixture named ``backend``, which
+    this class does not define: the subclass or a ``conftest.py`` must provide it, and it must
+    return a fresh, empty backend for each test.
+    """
+
+    NORMAL_TTL: ClassVar[float] = 30.0
+    """A TTL long enough that a lease never lapses during a test."""
+
+    EXPIRED_TTL: ClassVar[float] = -1.0
+    """A non-positive TTL: the backend must produce an already-expired lease."""
+
+    TINY_RETENTION: ClassVar[float] = 1e-6
+    """The smallest retention (1 microsecond) used by the sweep cases."""
+
+    SWEEP_SETTLE: ClassVar[float] = 0.002
+    """Seconds to wait before a sweep with ``TINY_RETENTION`` (see the module doc)."""
+
+    PROMPT: ClassVar[float] = 10.0
+    """Upper bound in seconds for an acquire that must not wait (a third of ``NORMAL_TTL``)."""
+
+    NEVER: ClassVar[Token] = Token(
+        "never-acquired", "h", 1, datetime(2026, 1, 1, 12, 0, tzinfo=UTC)
+    )
+    """A token for a work ID that no test ever acquires."""
+
+    # -- helpers -------------------------------------------------------------------------------
+
+    @staticmethod
+    def stale(token: Token) -> Token:
+        """The same token with a fencing token one higher (never issued for that row)."""
+        return dataclasses.replace(token, fencing_token=token.fencing_token + 1)
+
+    def _sweep_old(self, backend: Backend, include_expired: bool) -> int:
+        """Sweep with ``TINY_RETENTION`` after letting the rows age past it."""
+        sleep(self.SWEEP_SETTLE)
+        return backend.sweep(self.TINY_RETENTION, include_expired)
+
+    def _assert_fresh(self, backend: Backend, work_id: str, holder_id: str) -> Token:
+        """Acquire ``work_id`` and check that it had no row before (nothing was stored)."""
+        token = backend.acquire(work_id, holder_id, self.NORMAL_TTL)
+        assert token.work_id == work_id
+        cp = backend.read_checkpoint(token)
+        assert cp.state is None
+        assert cp.prev_exit is ExitMode.NONE
+        assert cp.prev_holder_id is None
+        return token
+
+    # -- Acquire -------------------------------------------------------------------------------
+
+    def test_acquire_fresh_work_id(self, backend: Backend) -> None:
+        """Case 1: acquiring a fresh work ID succeeds with a positive fencing token."""
+        token = backend.acquire("w1", "h", self.NORMAL_TTL)
+        assert token.fencing_token > 0
+        assert token.work_id == "w1"
+        assert token.holder_id == "h"
+        assert token.expires_at.tzinfo is not None
+
+    def test_acquire_held_by_other_holder(self, backend: Backend) -> None:
+        """Case 2: acquiring a lease another holder holds raises LeaseHeldError."""
+        backend.acquire("w1", "h", self.NORMAL_TTL)
+        with pytest.raises(LeaseHeldError):
+            backend.acquire("w1", "h2", self.NORMAL_TTL)
+
+    def test_acquire_expired_lease_issues_greater_token(self, backend: Backend) -> None:
+        """Case 3: an expired lease is acquirable and the new token is strictly greater."""
+        first = backend.acquire("w1", "h", self.EXPIRED_TTL)
+        second = backend.acquire("w1", "h2", self.NORMAL_TTL)
+        assert second.holder_id == "h2"
+        assert second.fencing_token > first.fencing_token
+
+    def test_tokens_increase_across_work_ids(self, backend: Backend) -> None:
+        """Case 4: fencing tokens increase across work IDs, not only per work ID."""
+        a = backend.acquire("work-a", "h", 60.0)
+        b = backend.acquire("work-b", "h", 60.0)
+        assert b.fencing_token > a.fencing_token
+
+    def test_acquire_after_expiry_keeps_checkpoint(self, backend: Backend) -> None:
+        """Case 5: the successor of an expired lease reads the state checkpointed before."""
+        first = backend.acquire("w1", "h", self.EXPIRED_TTL)
+        backend.checkpoint(first, b"data", self.EXPIRED_TTL)
+        second = backend.acquire("w1", "h2", self.NORMAL_TTL)
+        cp = backend.read_checkpoint(second)
+        assert cp.state == b"data"
+
+    def test_acquire_after_abandon_reports_previous_holder(self, backend: Backend) -> None:
+        """Case 6: after a release with ABANDONED the successor reads ABANDONED and holder."""
+        a = backend.acquire("w1", "holder-a", self.NORMAL_TTL)
+        backend.release(a, ExitMode.ABANDONED)
+        b = backend.acquire("w1", "holder-b", self.NORMAL_TTL)
+        cp = backend.read_checkpoint(b)
+        assert cp.prev_exit is ExitMode.ABANDONED
+        assert cp.prev_holder_id == "holder-a"
+
+    # -- Checkpoint ----------------------------------------------------------------------------
+
+    def test_checkpoint_round_trips(self, backend: Backend) -> None:
+        """Case 7: checkpointed state is read back unchanged."""
+        token = backend.acquire("w1", "h", self.NORMAL_TTL)
+        backend.checkpoint(token, b"payload", self.NORMAL_TTL)
+        cp = backend.read_checkpoint(token)
+        assert cp.state == b"payload"
+
+    def test_checkpoint_stale_token_is_fenced(self, backend: Backend) -> None:
+        """Case 8: checkpoint with a stale token raises FencedError and writes nothing."""
+        token = backend.acquire("w1", "h", self.NORMAL_TTL)
+        with pytest.raises(FencedError):
+            backend.checkpoint(self.stale(token), b"zombie", self.NORMAL_TTL)
+        cp = backend.read_checkpoint(token)
+        assert cp.state is None
+
+    def test_checkpoint_never_acquired_is_fenced(self, backend: Backend) -> None:
+        """Case 9: checkpoint for a work ID with no row raises FencedError."""
+        with pytest.raises(FencedError):
+            backend.checkpoint(self.NEVER, b"x", self.NORMAL_TTL)
+
+    def test_checkpoint_keeps_previous_exit_fields(self, backend: Backend) -> None:
+        """Case 10: a checkpoint changes the state but not the previous-holder fields."""
+        a = backend.acquire("w1", "holder-a", self.NORMAL_TTL)
+        backend.release(a, ExitMode.FINISHED)
+        b = backend.acquire("w1", "holder-b", self.NORMAL_TTL)
+        backend.checkpoint(b, b"x", self.NORMAL_TTL)
+        cp = backend.read_checkpoint(b)
+        assert cp.state == b"x"
+        assert cp.prev_exit is ExitMode.FINISHED
+        assert cp.prev_holder_id == "holder-a"
+
+    def test_checkpoint_after_release_is_expired(self, backend: Backend) -> None:
+        """Case 11: a checkpoint after release raises LeaseExpiredError and writes nothing."""
+        a = backend.acquire("w1", "holder-a", self.NORMAL_TTL)
+        backend.checkpoint(a, b"final", self.NORMAL_TTL)
+        backend.release(a, ExitMode.FINISHED)
+        with pytest.raises(LeaseExpiredError):
+            backend.checkpoint(a, b"late", self.NORMAL_TTL)
+        b = backend.acquire("w1", "holder-b", self.NORMAL_TTL)
+        cp = backend.read_checkpoint(b)
+        assert cp.state == b"final"
+        assert cp.prev_exit is ExitMode.FINISHED
+        assert cp.prev_holder_id == "holder-a"
+
+    def test_checkpoint_revives_lapsed_lease(self, backend: Backend) -> None:
+        """Case 12: a checkpoint revives a lapsed, unsuperseded lease; it is held again."""
+        token = backend.acquire("w1", "h", self.EXPIRED_TTL)
+        backend.checkpoint(token, b"revived", self.NORMAL_TTL)
+        with pytest.raises(LeaseHeldError):
+            backend.acquire("w1", "h2", self.NORMAL_TTL)
+        cp = backend.read_checkpoint(token)
+        assert cp.state == b"revived"
+
+    # -- Renew ---------------------------------------------------------------------------------
+
+    def test_renew_valid_lease(self, backend: Backend) -> None:
+        """Case 13: renewing a live lease succeeds and it stays held."""
+        token = backend.acquire("w1", "h", self.NORMAL_TTL)
+        backend.renew(token, self.NORMAL_TTL)
+        with pytest.raises(LeaseHeldError):
+            backend.acquire("w1", "h2", self.NORMAL_TTL)
+
+    def test_renew_stale_token_is_fenced(self, backend: Backend) -> None:
+        """Case 14: renew with a stale token raises FencedError."""
+        token = backend.acquire("w1", "h", self.NORMAL_TTL)
+        with pytest.raises(FencedError):
+            backend.renew(self.stale(token), self.NORMAL_TTL)
+
+    def test_renew_never_acquired_is_fenced(self, backend: Backend) -> None:
+        """Case 15: renew for a work ID with no row raises FencedError."""
+        with pytest.raises(FencedError):
+            backend.renew(self.NEVER, self.NORMAL_TTL)
+
+    def test_renew_lapsed_lease_is_expired(self, backend: Backend) -> None:
+        """Case 16: renew of a lapsed lease raises LeaseExpiredError (renew cannot revive)."""
+        token = backend.acquire("w1", "h", self.EXPIRED_TTL)
+        with pytest.raises(LeaseExpiredError):
+            backend.renew(token, self.NORMAL_TTL)
+        b = backend.acquire("w1", "h2", self.NORMAL_TTL)
+        assert b.fencing_token > token.fencing_token
+
+    # -- Release -------------------------------------------------------------------------------
+
+    def test_release_finished_reported_to_successor(self, backend: Backend) -> None:
+        """Case 17: after a release with FINISHED the successor reads FINISHED and holder."""
+        a = backend.acquire("w1", "holder-a", self.NORMAL_TTL)
+        backend.release(a, ExitMode.FINISHED)
+        b = backend.acquire("w1", "holder-b", self.NORMAL_TTL)
+        cp = backend.read_checkpoint(b)
+        assert cp.prev_exit is ExitMode.FINISHED
+        assert cp.prev_holder_id == "holder-a"
+
+    def test_release_frees_lease_at_once(self, backend: Backend) -> None:
+        """Case 18: a released lease is acquirable at once, without waiting for the TTL."""
+        a = backend.acquire("w1", "h", self.NORMAL_TTL)
+        backend.release(a, ExitMode.FINISHED)
+        b = backend.acquire("w1", "h2", self.NORMAL_TTL)
+        assert b.fencing_token > a.fencing_token
+
+    def test_release_stale_token_is_fenced(self, backend: Backend) -> None:
+        """Case 19: release with a stale token raises FencedError; the lease stays held."""
+        token = backend.acquire("w1", "h", self.NORMAL_TTL)
+        with pytest.raises(FencedError):
+            backend.release(self.stale(token), ExitMode.FINISHED)
+        with pytest.raises(LeaseHeldError):
+            backend.acquire("w1", "h2", self.NORMAL_TTL)
+
+    def test_release_lapsed_lease_records_nothing(self, backend: Backend) -> None:
+        """Case 20: release of a lapsed lease raises LeaseExpiredError and records nothing."""
+        for mode in (ExitMode.FINISHED, ExitMode.ABANDONED, ExitMode.RETIRED):
+            work_id = "w-" + mode.value
+            a = backend.acquire(work_id, "holder-a", self.EXPIRED_TTL)
+            with pytest.raises(LeaseExpiredError):
+                backend.release(a, mode)
+            b = backend.acquire(work_id, "holder-b", self.NORMAL_TTL)
+            cp = backend.read_checkpoint(b)
+            assert cp.prev_exit is ExitMode.EXPIRED, mode
+            assert cp.prev_holder_id == "holder-a", mode
+
+    def test_release_checks_fencing_before_expiry(self, backend: Backend) -> None:
+        """Case 21: fencing is checked before expiry on release."""
+        a = backend.acquire("w1", "holder-a", self.EXPIRED_TTL)
+        b = backend.acquire("w1", "holder-b", self.NORMAL_TTL)
+        with pytest.raises(FencedError):
+            backend.release(a, ExitMode.FINISHED)
+        cp = backend.read_checkpoint(b)
+        assert cp.prev_exit is ExitMode.EXPIRED
+        assert cp.prev_holder_id == "holder-a"
+
+    def test_release_rejects_undeclarable_modes(self, backend: Backend) -> None:
+        """Case 22: release with NONE, EXPIRED or 99 raises InvalidExitModeError; still held."""
+        token = backend.acquire("w1", "h", self.NORMAL_TTL)
+        modes: list[object] = [ExitMode.NONE, ExitMode.EXPIRED, 99]
+        for mode in modes:
+            with pytest.raises(InvalidExitModeError):
+                backend.release(token, mode)  # type: ignore[arg-type]
+        with pytest.raises(LeaseHeldError):
+            backend.acquire("w1", "h2", self.NORMAL_TTL)
+
+    def test_second_release_is_expired(self, backend: Backend) -> None:
+        """Case 23: a second release raises LeaseExpiredError; the first mode stands."""
+        a = backend.acquire("w1", "holder-a", self.NORMAL_TTL)
+        backend.release(a, ExitMode.RETIRED)
+        with pytest.raises(LeaseExpiredError):
+            backend.release(a, ExitMode.ABANDONED)
+        b = backend.acquire("w1", "holder-b", self.NORMAL_TTL)
+        cp = backend.read_checkpoint(b)
+        assert cp.prev_exit is ExitMode.RETIRED
+        assert cp.prev_holder_id == "holder-a"
+
+    # -- ReadCheckpoint ------------------------------------------------------------------------
+
+    def test_read_first_acquisition(self, backend: Backend) -> None:
+        """Case 24: the first holder reads no state, prev_exit NONE and no previous holder."""
+        token = backend.acquire("w1", "h", self.NORMAL_TTL)
+        cp = backend.read_checkpoint(token)
+        assert cp.state is None
+        assert cp.prev_exit is ExitMode.NONE
+        assert cp.prev_holder_id is None
+
+    def test_read_after_crash(self, backend: Backend) -> None:
+        """Case 25: after a lapse without release the successor reads EXPIRED and the state."""
+        a = backend.acquire("w1", "holder-a", self.NORMAL_TTL)
+        backend.checkpoint(a, b"partial", self.EXPIRED_TTL)
+        b = backend.acquire("w1", "holder-b", self.NORMAL_TTL)
+        cp = backend.read_checkpoint(b)
+        assert cp.state == b"partial"
+        assert cp.prev_exit is ExitMode.EXPIRED
+        assert cp.prev_holder_id == "holder-a"
+
+    def test_read_previous_fields_are_stable(self, backend: Backend) -> None:
+        """Case 26: the previous-holder fields stay the same for the whole lease."""
+        a = backend.acquire("w1", "holder-a", self.NORMAL_TTL)
+        backend.release(a, ExitMode.RETIRED)
+        b = backend.acquire("w1", "holder-b", self.NORMAL_TTL)
+        before = backend.read_checkpoint(b)
+        backend.renew(b, self.NORMAL_TTL)
+        after = backend.read_checkpoint(b)
+        assert before.prev_exit is ExitMode.RETIRED
+        assert before.prev_holder_id == "holder-a"
+        assert after.prev_exit is before.prev_exit
+        assert after.prev_holder_id == before.prev_holder_id
+
+    def test_read_never_acquired_is_fenced(self, backend: Backend) -> None:
+        """Case 27: read for a work ID with no row raises FencedError."""
+        with pytest.raises(FencedError):
+            backend.read_checkpoint(self.NEVER)
+
+    def test_read_after_forget_is_fenced(self, backend: Backend) -> None:
+        """Case 28: read with a forgotten token raises FencedError."""
+        token = backend.acquire("w1", "h", self.NORMAL_TTL)
+        backend.forget(token)
+        with pytest.raises(FencedError):
+            backend.read_checkpoint(token)
+
+    def test_read_after_sweep_is_fenced(self, backend: Backend) -> None:
+        """Case 29: read with the token of a swept row raises FencedError."""
+        token = backend.acquire("w1", "h", self.NORMAL_TTL)
+        backend.release(token, ExitMode.RETIRED)
+        assert self._sweep_old(backend, False) >= 1
+        with pytest.raises(FencedError):
+            backend.read_checkpoint(token)
+
+    def test_acquire_after_forget_starts_fresh(self, backend: Backend) -> None:
+        """Case 30: after forget the next holder reads prev_exit NONE and no previous holder."""
+        a = backend.acquire("w1", "holder-a", self.NORMAL_TTL)
+        backend.checkpoint(a, b"gone", self.NORMAL_TTL)
+        backend.forget(a)
+        b = self._assert_fresh(backend, "w1", "holder-b")
+        assert b.fencing_token > a.fencing_token
+
+    def test_read_without_checkpoint(self, backend: Backend) -> None:
+        """Case 31: with no checkpoint written the state is absent."""
+        token = backend.acquire("w1", "h", self.NORMAL_TTL)
+        backend.renew(token, self.NORMAL_TTL)
+        cp = backend.read_checkpoint(token)
+        assert cp.state is None
+
+    def test_read_stale_token_is_fenced(self, backend: Backend) -> None:
+        """Case 32: read with a stale token raises FencedError."""
+        token = backend.acquire("w1", "h", self.NORMAL_TTL)
+        with pytest.raises(FencedError):
+            backend.read_checkpoint(self.stale(token))
+
+    def test_checkpoint_absent_or_empty_reads_absent(self, backend: Backend) -> None:
+        """Case 32a: a checkpoint of None or of empty bytes reads back as absent."""
+        token = backend.acquire("w1", "h", self.NORMAL_TTL)
+        empties: list[bytes | bytearray | memoryview | None] = [
+            None,
+            b"",
+            bytearray(),
+            memoryview(b""),
+        ]
+        for empty in empties:
+            backend.checkpoint(token, b"something", self.NORMAL_TTL)
+            backend.checkpoint(token, empty, self.NORMAL_TTL)
+            cp = backend.read_checkpoint(token)
+            assert cp.state is None, empty
+
+    # -- Holder mismatch -----------------------------------------------------------------------
+
+    def test_holder_mismatch_is_fenced(self, backend: Backend) -> None:
+        """Case 34: writes with the right token but another holder ID raise FencedError."""
+        token = backend.acquire("w1", "h", self.NORMAL_TTL)
+        backend.checkpoint(token, b"before", self.NORMAL_TTL)
+        forged = dataclasses.replace(token, holder_id="h-other")
+        with pytest.raises(FencedError):
+            backend.checkpoint(forged, b"forged", self.NORMAL_TTL)
+        with pytest.raises(FencedError):
+            backend.renew(forged, self.NORMAL_TTL)
+        with pytest.raises(FencedError):
+            backend.release(forged, ExitMode.FINISHED)
+        with pytest.raises(FencedError):
+            backend.forget(forged)
+        cp = backend.read_checkpoint(token)
+        assert cp.state == b"before"
+        assert cp.prev_exit is ExitMode.NONE
+        with pytest.raises(LeaseHeldError):
+            backend.acquire("w1", "h-third", self.NORMAL_TTL)
+        backend.renew(token, self.NORMAL_TTL)
+
+    def test_read_checks_token_not_holder(self, backend: Backend) -> None:
+        """Case 34 (read side): read checks the fencing token only, not the holder ID."""
+        token = backend.acquire("w1", "h", self.NORMAL_TTL)
+        backend.checkpoint(token, b"state", self.NORMAL_TTL)
+        forged = dataclasses.replace(token, holder_id="h-other")
+        cp = backend.read_checkpoint(forged)
+        assert cp.state == b"state"
+
+    # -- Byte ownership ------------------------------------------------------------------------
+
+    def test_read_returns_independent_state(self, backend: Backend) -> None:
+        """Case 35: the state read is immutable bytes; changing a copy changes nothing stored."""
+        token = backend.acquire("w1", "h", self.NORMAL_TTL)
+        backend.checkpoint(token, b"abc", self.NORMAL_TTL)
+        first = backend.read_checkpoint(token)
+        assert type(first.state) is bytes
+        buffer = bytearray(first.state)
+        buffer[0:3] = b"xyz"
+        second = backend.read_checkpoint(token)
+        assert second.state == b"abc"
+
+    def test_checkpoint_copies_mutable_buffers(self, backend: Backend) -> None:
+        """Case 36: a checkpoint copies bytearray and memoryview input; later edits are unseen."""
+        token = backend.acquire("w1", "h", self.NORMAL_TTL)
+        buffer = bytearray(b"abc")
+        backend.checkpoint(token, buffer, self.NORMAL_TTL)
+        buffer[0:3] = b"xyz"
+        cp = backend.read_checkpoint(token)
+        assert cp.state == b"abc"
+        assert type(cp.state) is bytes
+
+        backing = bytearray(b"def")
+        backend.checkpoint(token, memoryview(backing), self.NORMAL_TTL)
+        backing[0:3] = b"uvw"
+        cp = backend.read_checkpoint(token)
+        assert cp.state == b"def"
+        assert type(cp.state) is bytes
+
+    def test_checkpoint_round_trips_large_state(self, backend: Backend) -> None:
+        """Extra: a state larger than 1 MiB, holding every byte value, round-trips exactly."""
+        token = backend.acquire("w1", "h", self.NORMAL_TTL)
+        state = bytes(range(256)) * 4096 + b"\x00tail\xff"
+        assert len(state) > 1024 * 1024
+        backend.checkpoint(token, state, self.NORMAL_TTL)
+        cp = backend.read_checkpoint(token)
+        assert cp.state == state
+
+    # -- Forget --------------------------------------------------------------------------------
+
+    def test_forget_then_reacquire(self, backend: Backend) -> None:
+        """Case 37: after forget the same holder acquires again with a greater token."""
+        first = backend.acquire("forget-1", "h", self.NORMAL_TTL)
+        backend.forget(first)
+        second = backend.acquire("forget-1", "h", self.NORMAL_TTL)
+        assert second.fencing_token > first.fencing_token
+
+    def test_forget_stale_token_is_fenced(self, backend: Backend) -> None:
+        """Case 38: forget with a stale token raises FencedError and the row survives."""
+        token = backend.acquire("w1", "h", self.NORMAL_TTL)
+        with pytest.raises(FencedError):
+            backend.forget(self.stale(token))
+        backend.checkpoint(token, b"still here", self.NORMAL_TTL)
+        cp = backend.read_checkpoint(token)
+        assert cp.state == b"still here"
+
+    def test_forget_never_acquired_is_fenced(self, backend: Backend) -> None:
+        """Case 39: forget for a work ID with no row raises FencedError."""
+        with pytest.raises(FencedError):
+            backend.forget(self.NEVER)
+
+    def test_forget_after_release(self, backend: Backend) -> None:
+        """Case 40: the holder can forget its own released row; the successor starts fresh."""
+        a = backend.acquire("w1", "holder-a", self.NORMAL_TTL)
+        backend.release(a, ExitMode.RETIRED)
+        backend.forget(a)
+        self._assert_fresh(backend, "w1", "holder-b")
+
+    # -- Sweep ---------------------------------------------------------------------------------
+
+    def test_sweep_deletes_retired_row(self, backend: Backend) -> None:
+        """Case 41: sweep deletes an old retired row; the next holder starts fresh."""
+        a = backend.acquire("w1", "holder-a", self.NORMAL_TTL)
+        backend.release(a, ExitMode.RETIRED)
+        assert self._sweep_old(backend, False) >= 1
+        b = self._assert_fresh(backend, "w1", "holder-b")
+        assert b.fencing_token > a.fencing_token
+
+    def test_sweep_keeps_finished_and_abandoned(self, backend: Backend) -> None:
+        """Case 42: sweep never deletes rows released FINISHED or ABANDONED."""
+        fin = backend.acquire("w-finished", "holder-a", self.NORMAL_TTL)
+        backend.release(fin, ExitMode.FINISHED)
+        aband = backend.acquire("w-abandoned", "holder-a", self.NORMAL_TTL)
+        backend.release(aband, ExitMode.ABANDONED)
+        assert self._sweep_old(backend, True) == 0
+        for work_id, mode in (
+            ("w-finished", ExitMode.FINISHED),
+            ("w-abandoned", ExitMode.ABANDONED),
+        ):
+            token = backend.acquire(work_id, "holder-b", self.NORMAL_TTL)
+            cp = backend.read_checkpoint(token)
+            assert cp.prev_exit is mode
+            assert cp.prev_holder_id == "holder-a"
+
+    def test_sweep_expired_only_when_included(self, backend: Backend) -> None:
+        """Case 43: a lapsed row without exit is swept only with include_expired."""
+        backend.acquire("w1", "holder-a", self.EXPIRED_TTL)
+        assert self._sweep_old(backend, False) == 0
+        assert self._sweep_old(backend, True) >= 1
+        self._assert_fresh(backend, "w1", "holder-b")
+
+    def test_sweep_respects_retention(self, backend: Backend) -> None:
+        """Case 44: sweep keeps a retired row updated less than the retention ago."""
+        a = backend.acquire("w1", "holder-a", self.NORMAL_TTL)
+        backend.release(a, ExitMode.RETIRED)
+        assert backend.sweep(3600.0, False) == 0
+        b = backend.acquire("w1", "holder-b", self.NORMAL_TTL)
+        cp = backend.read_checkpoint(b)
+        assert cp.prev_exit is ExitMode.RETIRED
+        assert cp.prev_holder_id == "holder-a"
+
+    def test_sweep_keeps_held_row(self, backend: Backend) -> None:
+        """Case 45: sweep never deletes a held row."""
+        token = backend.acquire("w1", "h", self.NORMAL_TTL)
+        assert self._sweep_old(backend, True) == 0
+        with pytest.raises(LeaseHeldError):
+            backend.acquire("w1", "h2", self.NORMAL_TTL)
+        backend.renew(token, self.NORMAL_TTL)
+
+    # -- Three holders -------------------------------------------------------------------------
+
+    def _finished_then_crashed(self, backend: Backend) -> None:
+        """A checkpoints and releases FINISHED, then B acquires with an expired TTL."""
+        a = backend.acquire("w1", "holder-a", self.NORMAL_TTL)
+        backend.checkpoint(a, b"a-state", self.NORMAL_TTL)
+        backend.release(a, ExitMode.FINISHED)
+        backend.acquire("w1", "holder-b", self.EXPIRED_TTL)
+
+    def test_crash_after_finished_is_expired(self, backend: Backend) -> None:
+        """Case 46: a crashed holder after a FINISHED one leaves EXPIRED for the third."""
+        self._finished_then_crashed(backend)
+        assert self._sweep_old(backend, False) == 0
+        c = backend.acquire("w1", "holder-c", self.NORMAL_TTL)
+        cp = backend.read_checkpoint(c)
+        assert cp.prev_exit is ExitMode.EXPIRED
+        assert cp.prev_holder_id == "holder-b"
+        assert cp.state == b"a-state"
+
+    def test_crash_after_finished_is_swept_as_expired(self, backend: Backend) -> None:
+        """Case 47: a crashed holder's row is swept only with include_expired."""
+        self._finished_then_crashed(backend)
+        assert self._sweep_old(backend, False) == 0
+        assert self._sweep_old(backend, True) >= 1
+        self._assert_fresh(backend, "w1", "holder-c")
+
+    def test_abandon_after_crash_is_kept(self, backend: Backend) -> None:
+        """Case 48: a row released ABANDONED after a crash is not swept as expired."""
+        backend.acquire("w1", "holder-a", self.EXPIRED_TTL)
+        b = backend.acquire("w1", "holder-b", self.NORMAL_TTL)
+        cp = backend.read_checkpoint(b)
+        assert cp.prev_exit is ExitMode.EXPIRED
+        assert cp.prev_holder_id == "holder-a"
+        backend.release(b, ExitMode.ABANDONED)
+        assert self._sweep_old(backend, True) == 0
+        c = backend.acquire("w1", "holder-c", self.NORMAL_TTL)
+        cp = backend.read_checkpoint(c)
+        assert cp.prev_exit is ExitMode.ABANDONED
+        assert cp.prev_holder_id == "holder-b"
+
+    def test_finish_after_retire_is_kept(self, backend: Backend) -> None:
+        """Case 49: a retired work ID run again and released FINISHED is not swept."""
+        a = backend.acquire("w1", "holder-a", self.NORMAL_TTL)
+        backend.release(a, ExitMode.RETIRED)
+        b = backend.acquire("w1", "holder-b", self.NORMAL_TTL)
+        cp = backend.read_checkpoint(b)
+        assert cp.prev_exit is ExitMode.RETIRED
+        assert cp.prev_holder_id == "holder-a"
+        backend.release(b, ExitMode.FINISHED)
+        assert self._sweep_old(backend, False) == 0
+        c = backend.acquire("w1", "holder-c", self.NORMAL_TTL)
+        cp = backend.read_checkpoint(c)
+        assert cp.prev_exit is ExitMode.FINISHED
+        assert cp.prev_holder_id == "holder-b"
+
+    # -- Implied by the interface --------------------------------------------------------------
+
+    def test_acquire_does_not_wait(self, backend: Backend) -> None:
+        """Case 50: acquire of a held row raises LeaseHeldError promptly, without waiting."""
+        backend.acquire("w1", "h", self.NORMAL_TTL)
+        started = time.monotonic()
+        with pytest.raises(LeaseHeldError):
+            backend.acquire("w1", "h2", self.NORMAL_TTL)
+        assert time.monotonic() - started < self.PROMPT
+
+    def test_acquire_is_not_reentrant(self, backend: Backend) -> None:
+        """Case 51: the same holder acquiring its own held lease raises LeaseHeldError."""
+        backend.acquire("w1", "h", self.NORMAL_TTL)
+        with pytest.raises(LeaseHeldError):
+            backend.acquire("w1", "h", self.NORMAL_TTL)
+
+    # -- Extra: fencing order, exit modes and input validation --------------------------------
+
+    def test_renew_and_checkpoint_check_fencing_before_expiry(self, backend: Backend) -> None:
+        """Extra: a superseded lapsed lease is fenced on renew and checkpoint (no revival)."""
+        a = backend.acquire("w1", "holder-a", self.EXPIRED_TTL)
+        b = backend.acquire("w1", "holder-b", self.NORMAL_TTL)
+        with pytest.raises(FencedError):
+            backend.renew(a, self.NORMAL_TTL)
+        with pytest.raises(FencedError):
+            backend.checkpoint(a, b"zombie", self.NORMAL_TTL)
+        cp = backend.read_checkpoint(b)
+        assert cp.state is None
+        backend.renew(b, self.NORMAL_TTL)
+
+    def test_release_checks_mode_first(self, backend: Backend) -> None:
+        """Extra: invalid modes raise InvalidExitModeError before any other check."""
+        token = backend.acquire("w1", "h", self.NORMAL_TTL)
+        lapsed = backend.acquire("w2", "h", self.EXPIRED_TTL)
+        modes: list[object] = [None, "", "none", "expired", "bogus", 99]
+        for mode in modes:
+            for target in (token, self.stale(token), self.NEVER, lapsed):
+                with pytest.raises(InvalidExitModeError):
+                    backend.release(target, mode)  # type: ignore[arg-type]
+        with pytest.raises(LeaseHeldError):
+            backend.acquire("w1", "h2", self.NORMAL_TTL)
+        backend.release(token, ExitMode.ABANDONED)
+        successor = backend.acquire("w1", "h2", self.NORMAL_TTL)
+        cp = backend.read_checkpoint(successor)
+        assert cp.prev_exit is ExitMode.ABANDONED
+        later = backend.acquire("w2", "h2", self.NORMAL_TTL)
+        cp = backend.read_checkpoint(later)
+        assert cp.prev_exit is ExitMode.EXPIRED
+
+    def test_acquire_rejects_empty_work_id(self, backend: Backend) -> None:
+        """Extra: an empty work ID raises ValueError and stores nothing."""
+        with pytest.raises(ValueError):
+            backend.acquire("", "h", self.NORMAL_TTL)
+        with pytest.raises(ValueError):
+            backend.acquire("", "h2", self.NORMAL_TTL)
+
+    def test_acquire_rejects_nul_in_work_id(self, backend: Backend) -> None:
+        """Extra: a work ID containing NUL raises ValueError and stores nothing."""
+        with pytest.raises(ValueError):
+            backend.acquire("a\x00b", "h", self.NORMAL_TTL)
+        self._assert_fresh(backend, "a", "h2")
+        self._assert_fresh(backend, "ab", "h2")
+
+    def test_acquire_rejects_work_id_over_1024_bytes(self, backend: Backend) -> None:
+        """Extra: a work ID of 1025 ASCII bytes raises ValueError and stores nothing."""
+        with pytest.raises(ValueError):
+            backend.acquire("x" * 1025, "h", self.NORMAL_TTL)
+        self._assert_fresh(backend, "x" * 1024, "h2")
+
+    def test_acquire_accepts_1024_byte_multibyte_work_id(self, backend: Backend) -> None:
+        """Extra: work IDs of exactly 1024 UTF-8 bytes in multi-byte characters are accepted."""
+        for work_id in ("\u00e9" * 512, "\U0001f600" * 256, "\u20ac" * 341 + "x"):
+            assert len(work_id.encode("utf-8")) == 1024
+            token = self._assert_fresh(backend, work_id, "h")
+            backend.checkpoint(token, b"kept", self.NORMAL_TTL)
+            cp = backend.read_checkpoint(token)
+            assert cp.state == b"kept"
+            with pytest.raises(LeaseHeldError):
+                backend.acquire(work_id, "h2", self.NORMAL_TTL)
+
+    def test_acquire_rejects_1025_byte_multibyte_work_id(self, backend: Backend) -> None:
+        """Extra: a work ID over 1024 UTF-8 bytes (but fewer characters) raises ValueError."""
+        for work_id, prefix in (
+            ("\u00e9" * 512 + "x", "\u00e9" * 512),
+            ("\U0001f600" * 256 + "x", "\U0001f600" * 256),
+        ):
+            assert len(work_id.encode("utf-8")) == 1025
+            assert len(work_id) < 1024
+            with pytest.raises(ValueError):
+                backend.acquire(work_id, "h", self.NORMAL_TTL)
+            self._assert_fresh(backend, prefix, "h2")
+
+    def test_acquire_rejects_non_str_work_id(self, backend: Backend) -> None:
+        """Extra: a work ID that is not a str raises TypeError and stores nothing."""
+        bad: list[object] = [123, b"w1", None]
+        for work_id in bad:
+            with pytest.raises(TypeError):
+                backend.acquire(work_id, "h", self.NORMAL_TTL)  # type: ignore[arg-type]
+        for text in ("123", "w1", "None"):
+            self._assert_fresh(backend, text, "h2")
+
+    def test_checkpoint_rejects_non_bytes_state(self, backend: Backend) -> None:
+        """Extra: state that is not bytes-like raises TypeError and changes nothing."""
+        token = backend.acquire("w1", "h", self.NORMAL_TTL)
+        backend.checkpoint(token, b"good", self.NORMAL_TTL)
+        bad: list[object] = ["text", 123, [1, 2, 3]]
+        for state in bad:
+            with pytest.raises(TypeError):
+                backend.checkpoint(token, state, self.NORMAL_TTL)  # type: ignore[arg-type]
+        cp = backend.read_checkpoint(token)
+        assert cp.state == b"good"

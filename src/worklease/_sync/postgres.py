@@ -1,0 +1,279 @@
+# Generated from src/worklease/_async/postgres.py by scripts/unasync.py -- do not edit.
+# Change the async source and run "python scripts/unasync.py".
+
+"""The PostgreSQL backend (psycopg 3 + psycopg_pool)."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from types import TracebackType
+from typing import Any
+
+import psycopg
+from psycopg import ClientCursor, Connection
+from psycopg.rows import tuple_row
+from psycopg_pool import ConnectionPool
+
+from .._acompat import ThreadLock
+from .._failures import fenced
+from .._models import Checkpoint, ExitMode, Token
+from .._pg import Statements, check_schema_name, map_error, must_discard, schema_statements
+from .._validation import check_exit_mode, check_work_id, normalize_state, to_seconds
+from ..errors import BackendRequiredError, ConfigError
+from .backend import StateLike
+
+__all__ = ["PostgresBackend"]
+
+_RENEWAL_POOL_SIZE = 2
+
+
+class PostgresBackend:
+    """Lease rows in a PostgreSQL table, shared by every process (and both flavours).
+
+    Takes the application's connection pool (it is never closed by the backend), or build one
+    with :meth:`connect`, which the backend then owns and closes. ``schema`` names the
+    PostgreSQL schema holding the tables (default: the connection's ``search_path``). Create
+    the tables first with :meth:`apply_schema` or ``worklease migrate``.
+
+    Every operation is a single statement sent in one round trip in autocommit mode, pinned to
+    READ COMMITTED; expiry is decided by the database clock. Renewals use a small private pool
+    (up to two connections, built from the application pool's settings) so they keep working
+    when the application exhausts its own pool; each renewal statement is bounded by a
+    ``statement_timeout`` of one TTL. Driver errors are raised as ``BackendError`` (with
+    ``transient`` set for connection loss, restarts, timeouts, serialization failures and pool
+    timeouts), chained to the driver's exception.
+    """
+
+    __module__ = "worklease"
+
+    def __init__(self, pool: ConnectionPool[Any], *, schema: str | None = None) -> None:
+        if pool is None:
+            raise BackendRequiredError("a connection pool is required")
+        if not isinstance(pool, ConnectionPool):
+            raise ConfigError(
+                f"expected a psycopg_pool pool of this flavour, not {type(pool).__name__}"
+            )
+        self._pool = pool
+        self._statements = Statements(check_schema_name(schema))
+        self._owns_pool = False
+        self._renewal_pool: ConnectionPool[Any] | None = None
+        self._lock = ThreadLock()
+        self._closed = False
+
+    @classmethod
+    def connect(
+        cls, conninfo: str = "", *, schema: str | None = None, **pool_kwargs: Any
+    ) -> PostgresBackend:
+        """A backend that owns a new pool built from ``conninfo`` (libpq settings and the
+        standard ``PG*`` environment variables apply). ``pool_kwargs`` go to the pool; the pool
+        opens on first use (or on entering the backend's context) and closes with the backend.
+        """
+        kwargs = dict(pool_kwargs.pop("kwargs", None) or {})
+        kwargs["autocommit"] = True
+        pool_kwargs.setdefault("check", ConnectionPool.check_connection)
+        pool_kwargs.setdefault("name", "worklease")
+        pool: ConnectionPool[Any] = ConnectionPool(
+            conninfo, open=False, kwargs=kwargs, **pool_kwargs
+        )
+        backend = cls(pool, schema=schema)
+        backend._owns_pool = True
+        return backend
+
+    @property
+    def pool(self) -> ConnectionPool[Any]:
+        """The pool lease operations (other than renewals) use."""
+        return self._pool
+
+    @property
+    def schema(self) -> str | None:
+        """The PostgreSQL schema holding the tables, or ``None`` for the search path."""
+        return self._statements.schema
+
+    # -- lifecycle ----------------------------------------------------------------------------
+
+    def open(self) -> None:
+        """Open the pool this backend owns (a no-op for a pool passed in)."""
+        if self._closed:
+            raise ConfigError("the backend was closed")
+        if self._owns_pool and self._pool.closed:
+            self._pool.open()
+
+    def close(self) -> None:
+        """Close what this backend created (its own pool, its renewal pool), never the
+        caller's pool. Idempotent."""
+        self._closed = True
+        with self._lock:
+            renewal_pool, self._renewal_pool = self._renewal_pool, None
+        if renewal_pool is not None:
+            renewal_pool.close()
+        if self._owns_pool:
+            self._pool.close()
+
+    def __enter__(self) -> PostgresBackend:
+        self.open()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} schema={self.schema!r} pool={self._pool.name!r}>"
+
+    @staticmethod
+    def apply_schema(
+        conn_or_pool: Connection[Any] | ConnectionPool[Any],
+        *,
+        schema: str | None = None,
+    ) -> None:
+        """Create the worklease table, sequence and index if missing (idempotent).
+
+        Runs in one transaction under an advisory lock, so concurrent migrations do not race.
+        """
+        statements = schema_statements(schema)
+        if isinstance(conn_or_pool, ConnectionPool):
+            with conn_or_pool.connection() as conn:
+                _apply(conn, statements)
+        else:
+            _apply(conn_or_pool, statements)
+
+    # -- plumbing -----------------------------------------------------------------------------
+
+    def _ensure_renewal_pool(self) -> ConnectionPool[Any]:
+        with self._lock:
+            if self._closed:
+                raise ConfigError("the backend was closed")
+            pool = self._renewal_pool
+            if pool is None:
+                # Same settings as the application's pool (conninfo and kwargs may be
+                # callables; they are passed through as they are).
+                pool = ConnectionPool(
+                    self._pool.conninfo,
+                    kwargs=self._pool.kwargs,
+                    connection_class=self._pool.connection_class,
+                    min_size=1,
+                    max_size=_RENEWAL_POOL_SIZE,
+                    open=False,
+                    # No check on checkout: psycopg_pool sleeps a second or more after a
+                    # failed check, which can exceed a short lease window. A renewal whose
+                    # connection died fails fast, the connection is discarded (see _run) and
+                    # the renewal loop retries on a fresh one within its backoff.
+                    check=None,
+                    name="worklease-renewal",
+                )
+                self._renewal_pool = pool
+        if pool.closed:
+            pool.open()
+        return pool
+
+    def _run(
+        self,
+        operation: str,
+        statement: Any,
+        params: dict[str, Any],
+        *,
+        pool: ConnectionPool[Any] | None = None,
+        timeout: float | None = None,
+    ) -> tuple[list[tuple[Any, ...]], int]:
+        """Execute one statement; return the rows and row count of its last result."""
+        if pool is None:
+            self.open()
+            pool = self._pool
+        try:
+            with pool.connection(timeout=timeout) as conn:
+                restore = not conn.autocommit
+                try:
+                    if restore:
+                        conn.set_autocommit(True)
+                    cursor = ClientCursor(conn, row_factory=tuple_row)
+                    cursor.execute(statement, params)
+                    while cursor.nextset():
+                        pass
+                    rows = cursor.fetchall() if cursor.description else []
+                    return rows, cursor.rowcount
+                except BaseException as exc:
+                    if must_discard(exc):
+                        conn.close()  # never hand back a connection in an unknown state
+                    raise
+                finally:
+                    if restore and not conn.closed:
+                        conn.set_autocommit(False)
+        except psycopg.Error as exc:
+            raise map_error(exc, operation) from exc
+
+    # -- the backend protocol -----------------------------------------------------------------
+
+    def acquire(self, work_id: str, holder_id: str, ttl: float) -> Token:
+        check_work_id(work_id)
+        statements = self._statements
+        rows, _ = self._run(
+            "acquire",
+            statements.acquire,
+            {
+                "work_id": work_id,
+                "holder_id": holder_id,
+                "ttl": statements.ttl(to_seconds(ttl, "ttl")),
+            },
+        )
+        return statements.acquired(rows, work_id, holder_id)
+
+    def read_checkpoint(self, token: Token) -> Checkpoint:
+        rows, _ = self._run(
+            "read_checkpoint", self._statements.read_checkpoint, {"work_id": token.work_id}
+        )
+        return self._statements.checkpoint_row(rows, token)
+
+    def checkpoint(self, token: Token, state: StateLike | None, ttl: float) -> None:
+        statements = self._statements
+        params = statements.owned(token)
+        params["state"] = normalize_state(state)
+        params["ttl"] = statements.ttl(to_seconds(ttl, "ttl"))
+        rows, _ = self._run("checkpoint", statements.checkpoint, params)
+        statements.written(rows, token, "checkpoint")
+
+    def renew(self, token: Token, ttl: float) -> None:
+        statements = self._statements
+        seconds = to_seconds(ttl, "ttl")
+        params = statements.owned(token)
+        params["ttl"] = statements.ttl(seconds)
+        params["statement_timeout"] = str(max(int(seconds * 1000), 1))
+        pool = self._ensure_renewal_pool()
+        rows, _ = self._run(
+            "renew", statements.renew, params, pool=pool, timeout=max(seconds, 0.001)
+        )
+        statements.written(rows, token, "renew")
+
+    def release(self, token: Token, mode: ExitMode) -> None:
+        declared = check_exit_mode(mode)
+        statements = self._statements
+        params = statements.owned(token)
+        params["mode"] = str(declared)
+        rows, _ = self._run("release", statements.release, params)
+        statements.written(rows, token, "release")
+
+    def forget(self, token: Token) -> None:
+        rows, _ = self._run("forget", self._statements.forget, Statements.owned(token))
+        if not rows:
+            raise fenced(token, "forget")
+
+    def sweep(self, retention: float, include_expired: bool) -> int:
+        _, count = self._run(
+            "sweep",
+            self._statements.sweep,
+            {
+                "retention": timedelta(seconds=to_seconds(retention, "retention")),
+                "include_expired": bool(include_expired),
+            },
+        )
+        return max(count, 0)
+
+
+def _apply(conn: Connection[Any], statements: list[str]) -> None:
+    with conn.transaction():
+        conn.execute("SELECT pg_advisory_xact_lock(hashtext('worklease schema'))")
+        for statement in statements:
+            conn.execute(statement)

@@ -1,0 +1,37 @@
+"""Fixtures shared by the tests in this directory."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import pytest
+from psycopg_pool import AsyncConnectionPool
+
+from tests import pg
+from worklease import AsyncBackend, AsyncMemoryBackend, AsyncPostgresBackend
+
+BACKENDS = [
+    pytest.param("memory", id="memory"),
+    pytest.param("postgres", id="postgres", marks=pytest.mark.postgres),
+]
+"""The backends the conformance suite runs against (one fresh, empty instance per test)."""
+
+
+@pytest.fixture(params=BACKENDS)
+async def backend(request: pytest.FixtureRequest) -> AsyncIterator[AsyncBackend]:
+    """A fresh, empty backend of the kind named by the parameter."""
+    kind = request.param
+    if kind == "memory":
+        async with AsyncMemoryBackend() as memory:
+            yield memory
+        return
+    if kind == "postgres":
+        dsn: str = request.getfixturevalue("postgres_dsn")
+        pg.reset(dsn)  # an empty table; the token sequence keeps counting
+        async with (
+            AsyncConnectionPool(dsn, min_size=1, max_size=4, open=False) as pool,
+            AsyncPostgresBackend(pool) as postgres,
+        ):
+            yield postgres
+        return
+    raise ValueError("unknown backend kind: " + repr(kind))

@@ -1,0 +1,196 @@
+"""Test doubles for the lease-level tests: a scripted backend with a call log."""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Protocol
+
+from tests._acompat import asleep
+from worklease import AsyncMemoryBackend, BackendError, Checkpoint, ExitMode, Token
+from worklease._acompat import ThreadLock
+from worklease.testing import FakeClock
+
+__all__ = ["METHODS", "Call", "ScriptedBackend", "spin", "transient"]
+
+StateLike = bytes | bytearray | memoryview
+
+METHODS = ("acquire", "read_checkpoint", "checkpoint", "renew", "release", "forget", "sweep")
+"""The backend methods a script can target."""
+
+
+def transient(message: str = "connection reset (injected)") -> BackendError:
+    """A retryable backend failure, as a driver error would be reported."""
+    return BackendError(message, transient=True)
+
+
+@dataclass(frozen=True)
+class Call:
+    """One backend call as the scripted backend saw it (before any injected failure)."""
+
+    method: str
+    args: tuple[object, ...]
+
+
+class ScriptedBackend:
+    """A memory backend whose calls are logged and can be made to fail or stall.
+
+    Every call is appended to :attr:`calls` first; then a queued delay for the method (if
+    any) is slept, then a queued exception (if any) is raised, else ``fail_always``'s factory
+    (if set) builds one to raise, else the call goes to the wrapped memory backend, after
+    which a queued ``delay_after`` (if any) is slept before returning.
+    """
+
+    def __init__(
+        self, inner: AsyncMemoryBackend | None = None, *, clock: FakeClock | None = None
+    ) -> None:
+        self.inner = inner if inner is not None else AsyncMemoryBackend(clock=clock)
+        self.calls: list[Call] = []
+        self._errors: dict[str, deque[BaseException]] = {m: deque() for m in METHODS}
+        self._delays: dict[str, deque[float]] = {m: deque() for m in METHODS}
+        self._always: dict[str, Callable[[], BaseException]] = {}
+        self._always_delay: dict[str, float] = {}
+        self._after: dict[str, deque[float]] = {m: deque() for m in METHODS}
+        self._atomic = ThreadLock()  # makes take_over atomic w.r.t. calls from other threads
+
+    # -- scripting ----------------------------------------------------------------------------
+
+    def fail(self, method: str, *errors: BaseException) -> None:
+        """Make the next calls of ``method`` raise ``errors``, one per call, in order."""
+        self._errors[method].extend(errors)
+
+    def fail_always(self, method: str, factory: Callable[[], BaseException] = transient) -> None:
+        """Make every later call of ``method`` raise a fresh ``factory()``."""
+        self._always[method] = factory
+
+    def delay(self, method: str, *seconds: float) -> None:
+        """Make the next calls of ``method`` sleep ``seconds`` first, one per call."""
+        self._delays[method].extend(seconds)
+
+    def delay_after(self, method: str, *seconds: float) -> None:
+        """Make the next calls of ``method`` sleep ``seconds`` after the wrapped call
+        succeeded, one per call (a write that is stored but whose answer is slow).
+        """
+        self._after[method].extend(seconds)
+
+    def delay_always(self, method: str, seconds: float) -> None:
+        """Make every later call of ``method`` sleep ``seconds`` first."""
+        self._always_delay[method] = seconds
+
+    def heal(self, method: str | None = None) -> None:
+        """Drop every scripted failure and delay (of one method, or all)."""
+        for name in METHODS if method is None else (method,):
+            self._errors[name].clear()
+            self._delays[name].clear()
+            self._after[name].clear()
+            self._always.pop(name, None)
+            self._always_delay.pop(name, None)
+
+    # -- inspection ---------------------------------------------------------------------------
+
+    def names(self) -> list[str]:
+        """The called method names, in order."""
+        return [call.method for call in list(self.calls)]
+
+    def count(self, method: str) -> int:
+        """How many times ``method`` was called."""
+        return sum(1 for call in list(self.calls) if call.method == method)
+
+    def of(self, method: str) -> list[Call]:
+        """The calls of ``method``, in order."""
+        return [call for call in list(self.calls) if call.method == method]
+
+    async def take_over(
+        self, work_id: str, holder_id: str, clock: FakeClock, ttl: float = 10.0
+    ) -> Token:
+        """Let ``holder_id`` take ``work_id`` over: move ``clock`` past the row's expiry and
+        acquire, in one step that no concurrent backend call can interleave with (so a
+        renewal running meanwhile sees a fenced lease, never a lapsed one). Not logged.
+        """
+        with self._atomic:
+            (row,) = [r for r in self.inner.rows() if r.work_id == work_id]
+            if clock.now() <= row.expires_at:
+                clock.set(row.expires_at + timedelta(seconds=1))
+            return await self.inner.acquire(work_id, holder_id, ttl)
+
+    async def _leave(self, method: str) -> None:
+        queued = self._after[method]
+        if queued:
+            await asleep(queued.popleft())
+
+    # -- the backend --------------------------------------------------------------------------
+
+    async def _enter(self, method: str, *args: object) -> None:
+        self.calls.append(Call(method, args))
+        queued = self._delays[method]
+        pause = queued.popleft() if queued else self._always_delay.get(method, 0.0)
+        if pause > 0:
+            await asleep(pause)
+        errors = self._errors[method]
+        if errors:
+            raise errors.popleft()
+        factory = self._always.get(method)
+        if factory is not None:
+            raise factory()
+
+    async def acquire(self, work_id: str, holder_id: str, ttl: float) -> Token:
+        await self._enter("acquire", work_id, holder_id, ttl)
+        with self._atomic:
+            token = await self.inner.acquire(work_id, holder_id, ttl)
+        await self._leave("acquire")
+        return token
+
+    async def read_checkpoint(self, token: Token) -> Checkpoint:
+        await self._enter("read_checkpoint", token)
+        with self._atomic:
+            prior = await self.inner.read_checkpoint(token)
+        await self._leave("read_checkpoint")
+        return prior
+
+    async def checkpoint(self, token: Token, state: StateLike | None, ttl: float) -> None:
+        await self._enter("checkpoint", token, state, ttl)
+        with self._atomic:
+            await self.inner.checkpoint(token, state, ttl)
+        await self._leave("checkpoint")
+
+    async def renew(self, token: Token, ttl: float) -> None:
+        await self._enter("renew", token, ttl)
+        with self._atomic:
+            await self.inner.renew(token, ttl)
+        await self._leave("renew")
+
+    async def release(self, token: Token, mode: ExitMode) -> None:
+        await self._enter("release", token, mode)
+        with self._atomic:
+            await self.inner.release(token, mode)
+        await self._leave("release")
+
+    async def forget(self, token: Token) -> None:
+        await self._enter("forget", token)
+        with self._atomic:
+            await self.inner.forget(token)
+        await self._leave("forget")
+
+    async def sweep(self, retention: float, include_expired: bool) -> int:
+        await self._enter("sweep", retention, include_expired)
+        with self._atomic:
+            deleted = await self.inner.sweep(retention, include_expired)
+        await self._leave("sweep")
+        return deleted
+
+
+class _Lossy(Protocol):
+    def raise_if_lost(self) -> None: ...
+
+
+async def spin(renewal: _Lossy, seconds: float = 5.0, step: float = 0.01) -> None:
+    """Wait up to ``seconds``, calling ``raise_if_lost()`` between short sleeps.
+
+    Ends early in both flavours when the lease is lost: with asyncio the renewal cancels the
+    sleeping body; with threads ``raise_if_lost()`` raises the cause.
+    """
+    for _ in range(round(seconds / step)):
+        renewal.raise_if_lost()
+        await asleep(step)

@@ -1,0 +1,531 @@
+"""PostgreSQL backend cases (behaviour.md §4.4, P1 to P12) and failure behaviour.
+
+The conformance suite runs against PostgreSQL through the shared ``backend`` fixture; these
+cases need direct SQL, several pools, or network faults.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import AsyncIterator
+from typing import Any
+
+import psycopg
+import pytest
+from psycopg.pq import TransactionStatus
+from psycopg_pool import AsyncConnectionPool
+
+from tests import pg
+from tests._acompat import asleep, aspawn_all
+from tests.proxy import proxied
+from worklease import (
+    AsyncLease,
+    AsyncPostgresBackend,
+    AsyncRenewal,
+    AsyncRunner,
+    BackendError,
+    BackendRequiredError,
+    Checkpoint,
+    ConfigError,
+    ExitMode,
+    FencedError,
+    LeaseExpiredError,
+    LeaseHeldError,
+    LeaseWindowExhaustedError,
+    Token,
+)
+
+pytestmark = pytest.mark.postgres
+
+TTL = 30.0
+
+
+@pytest.fixture
+async def pool(postgres_dsn: str) -> AsyncIterator[AsyncConnectionPool[Any]]:
+    pg.reset(postgres_dsn)
+    async with AsyncConnectionPool(
+        postgres_dsn,
+        min_size=1,
+        max_size=8,
+        open=False,
+        check=AsyncConnectionPool.check_connection,  # as production pools should
+    ) as pool:
+        yield pool
+
+
+@pytest.fixture
+async def backend(pool: AsyncConnectionPool[Any]) -> AsyncIterator[AsyncPostgresBackend]:
+    async with AsyncPostgresBackend(pool) as backend:
+        yield backend
+
+
+def row(dsn: str, work_id: str) -> dict[str, Any]:
+    rows = pg.execute(
+        dsn,
+        "SELECT holder_id, fencing_token, exit_mode, prev_exit_mode, prev_holder_id,"
+        " checkpoint, expires_at < now() AS expired, expires_at"
+        " FROM worklease_leases WHERE work_id = %s",
+        (work_id,),
+    )
+    assert len(rows) == 1, f"expected one row for {work_id!r}, got {rows}"
+    names = ("holder", "token", "exit", "prev_exit", "prev_holder", "checkpoint")
+    values = dict(zip((*names, "expired", "expires_at"), rows[0], strict=True))
+    return values
+
+
+def force_expiry(dsn: str, work_id: str) -> None:
+    pg.execute(
+        dsn,
+        "UPDATE worklease_leases SET expires_at = now() - interval '1 second' WHERE work_id = %s",
+        (work_id,),
+    )
+
+
+async def test_p1_fresh_acquire(backend: AsyncPostgresBackend, postgres_dsn: str) -> None:
+    """P1: a fresh acquire returns a positive token and the stored record fields."""
+    token = await backend.acquire("p1", "holder-a", TTL)
+    assert token.fencing_token > 0
+    assert (token.work_id, token.holder_id) == ("p1", "holder-a")
+    stored = row(postgres_dsn, "p1")
+    assert stored["token"] == token.fencing_token
+    assert stored["expires_at"] == token.expires_at
+    assert stored["prev_exit"] == "none"
+    assert stored["exit"] is None
+    assert token.expires_at.utcoffset() is not None
+
+
+async def test_p2_reacquire_after_forced_expiry(
+    backend: AsyncPostgresBackend, postgres_dsn: str
+) -> None:
+    """P2: after expiry set by SQL a new holder gets a greater token, the state, EXPIRED."""
+    first = await backend.acquire("p2", "holder-a", TTL)
+    await backend.checkpoint(first, b"progress", TTL)
+    force_expiry(postgres_dsn, "p2")
+    second = await backend.acquire("p2", "holder-b", TTL)
+    assert second.fencing_token > first.fencing_token
+    prior = await backend.read_checkpoint(second)
+    assert prior == Checkpoint(b"progress", ExitMode.EXPIRED, "holder-a")
+
+
+async def test_p3_checkpoint_extends_on_database_clock(
+    backend: AsyncPostgresBackend, postgres_dsn: str
+) -> None:
+    """P3: a checkpoint with a 45 s TTL stores the state and sets expiry to now + 45 s."""
+    token = await backend.acquire("p3", "holder-a", TTL)
+    await backend.checkpoint(token, b"state", 45.0)
+    assert await backend.read_checkpoint(token) == Checkpoint(b"state", ExitMode.NONE, None)
+    (left,) = pg.execute(
+        postgres_dsn,
+        "SELECT extract(epoch FROM expires_at - now()) FROM worklease_leases WHERE work_id = 'p3'",
+    )[0]
+    assert 40 < float(left) <= 45
+
+
+async def test_p4_bumped_token_fences_every_operation(
+    backend: AsyncPostgresBackend, postgres_dsn: str
+) -> None:
+    """P4: once the stored token moved on, every operation with the old one is fenced."""
+    token = await backend.acquire("p4", "holder-a", TTL)
+    pg.execute(
+        postgres_dsn,
+        "UPDATE worklease_leases SET fencing_token = fencing_token + 1000 WHERE work_id = 'p4'",
+    )
+    with pytest.raises(FencedError):
+        await backend.checkpoint(token, b"x", TTL)
+    with pytest.raises(FencedError):
+        await backend.renew(token, TTL)
+    with pytest.raises(FencedError):
+        await backend.release(token, ExitMode.FINISHED)
+    with pytest.raises(FencedError):
+        await backend.read_checkpoint(token)
+    with pytest.raises(FencedError):
+        await backend.forget(token)
+    assert row(postgres_dsn, "p4")["checkpoint"] is None
+
+
+async def test_p5_renew_after_forced_expiry(
+    backend: AsyncPostgresBackend, postgres_dsn: str
+) -> None:
+    """P5: renewing a lease whose expiry passed (database clock) raises LeaseExpiredError."""
+    token = await backend.acquire("p5", "holder-a", TTL)
+    force_expiry(postgres_dsn, "p5")
+    with pytest.raises(LeaseExpiredError):
+        await backend.renew(token, TTL)
+
+
+async def test_p6_release_records_exit_and_expires_on_database_clock(
+    backend: AsyncPostgresBackend, postgres_dsn: str
+) -> None:
+    """P6: release stores the exit text and an expiry already past on the database clock."""
+    token = await backend.acquire("p6", "holder-a", TTL)
+    await backend.release(token, ExitMode.ABANDONED)
+    stored = row(postgres_dsn, "p6")
+    assert stored["exit"] == "abandoned"
+    assert stored["expired"] is True
+
+
+async def test_p7_checkpoint_after_release_writes_nothing(
+    backend: AsyncPostgresBackend, postgres_dsn: str
+) -> None:
+    """P7: a checkpoint after release raises LeaseExpiredError and changes nothing."""
+    token = await backend.acquire("p7", "holder-a", TTL)
+    await backend.release(token, ExitMode.FINISHED)
+    with pytest.raises(LeaseExpiredError):
+        await backend.checkpoint(token, b"late", TTL)
+    stored = row(postgres_dsn, "p7")
+    assert (stored["exit"], stored["expired"], stored["checkpoint"]) == ("finished", True, None)
+
+
+async def test_p8_read_of_missing_row_is_fenced(backend: AsyncPostgresBackend) -> None:
+    """P8: reading a row that does not exist raises FencedError."""
+    token = await backend.acquire("p8", "holder-a", TTL)
+    await backend.forget(token)
+    with pytest.raises(FencedError):
+        await backend.read_checkpoint(token)
+
+
+async def test_p9_handoff_after_finished(backend: AsyncPostgresBackend) -> None:
+    """P9: checkpoint, release FINISHED, re-acquire → state, prev FINISHED, prev holder."""
+    token = await backend.acquire("p9", "holder-a", TTL)
+    await backend.checkpoint(token, b"final", TTL)
+    await backend.release(token, ExitMode.FINISHED)
+    successor = await backend.acquire("p9", "holder-b", TTL)
+    prior = await backend.read_checkpoint(successor)
+    assert prior == Checkpoint(b"final", ExitMode.FINISHED, "holder-a")
+
+
+async def test_p10_reacquire_of_retired_row(
+    backend: AsyncPostgresBackend, postgres_dsn: str
+) -> None:
+    """P10: re-acquiring a RETIRED row clears exit_mode and records prev 'retired'."""
+    token = await backend.acquire("p10", "holder-a", TTL)
+    await backend.release(token, ExitMode.RETIRED)
+    await backend.acquire("p10", "holder-b", TTL)
+    stored = row(postgres_dsn, "p10")
+    assert (stored["exit"], stored["prev_exit"], stored["prev_holder"]) == (
+        None,
+        "retired",
+        "holder-a",
+    )
+
+
+@pytest.mark.parametrize(
+    ("column", "constraint"),
+    [
+        ("exit_mode", "worklease_leases_exit_mode_check"),
+        ("prev_exit_mode", "worklease_leases_prev_exit_mode_check"),
+    ],
+)
+async def test_p12_check_constraints(
+    backend: AsyncPostgresBackend, postgres_dsn: str, column: str, constraint: str
+) -> None:
+    """P12: storing an unknown exit mode by SQL fails, naming the CHECK constraint."""
+    await backend.acquire("p12", "holder-a", TTL)
+    with pytest.raises(psycopg.errors.CheckViolation, match=constraint):
+        pg.execute(
+            postgres_dsn,
+            f"UPDATE worklease_leases SET {column} = 'bogus' WHERE work_id = 'p12'",
+        )
+
+
+async def test_unknown_stored_prev_exit_reads_as_expired(
+    backend: AsyncPostgresBackend, postgres_dsn: str
+) -> None:
+    """A prev_exit_mode this version does not know reads as EXPIRED (forward compatibility)."""
+    token = await backend.acquire("future", "holder-a", TTL)
+    pg.execute(
+        postgres_dsn,
+        "ALTER TABLE worklease_leases DROP CONSTRAINT worklease_leases_prev_exit_mode_check",
+    )
+    try:
+        pg.execute(
+            postgres_dsn,
+            "UPDATE worklease_leases SET prev_exit_mode = 'migrated' WHERE work_id = 'future'",
+        )
+        assert (await backend.read_checkpoint(token)).prev_exit is ExitMode.EXPIRED
+    finally:
+        pg.execute(postgres_dsn, "UPDATE worklease_leases SET prev_exit_mode = 'none'")
+        pg.execute(
+            postgres_dsn,
+            "ALTER TABLE worklease_leases ADD CONSTRAINT worklease_leases_prev_exit_mode_check"
+            " CHECK (prev_exit_mode IN ('none', 'expired', 'finished', 'abandoned', 'retired'))",
+        )
+
+
+async def test_held_error_names_holder_and_expiry(backend: AsyncPostgresBackend) -> None:
+    """LeaseHeldError carries the current holder and expiry read in the same statement."""
+    token = await backend.acquire("held", "holder-a", TTL)
+    with pytest.raises(LeaseHeldError) as caught:
+        await backend.acquire("held", "holder-b", TTL)
+    assert caught.value.holder_id == "holder-a"
+    assert caught.value.expires_at == token.expires_at
+
+
+async def test_fifty_concurrent_acquirers_one_winner(backend: AsyncPostgresBackend) -> None:
+    """50 concurrent acquirers of one work ID: exactly one wins, the rest LeaseHeldError."""
+
+    async def contend(index: int) -> Token:
+        lease = AsyncLease(backend, holder_id="contender-" + str(index), ttl=TTL)
+        return await lease.acquire("contended")
+
+    results = await aspawn_all(contend, 50)
+    winners = [r for r in results if isinstance(r, Token)]
+    losers = [r for r in results if isinstance(r, LeaseHeldError)]
+    assert len(winners) == 1, results
+    assert len(losers) == 49, [r for r in results if not isinstance(r, Token | LeaseHeldError)]
+
+
+async def test_contended_acquire_under_serializable_default(postgres_dsn: str) -> None:
+    """A role/database defaulting to SERIALIZABLE still yields LeaseHeldError, not 40001."""
+    pg.reset(postgres_dsn)
+    kwargs = {"options": "-c default_transaction_isolation=serializable"}
+    async with (
+        AsyncConnectionPool(
+            postgres_dsn, min_size=4, max_size=8, kwargs=kwargs, open=False
+        ) as pool,
+        AsyncPostgresBackend(pool) as backend,
+    ):
+        async with pool.connection() as conn:
+            level = await (await conn.execute("SHOW default_transaction_isolation")).fetchone()
+        assert level == ("serializable",)
+
+        async def contend(index: int) -> Token:
+            lease = AsyncLease(backend, holder_id="s-" + str(index), ttl=TTL)
+            return await lease.acquire("serial")
+
+        results = await aspawn_all(contend, 20)
+        assert sum(isinstance(r, Token) for r in results) == 1, results
+        assert sum(isinstance(r, LeaseHeldError) for r in results) == 19, results
+
+
+async def test_no_transaction_left_open_and_autocommit_restored(postgres_dsn: str) -> None:
+    """Operations on the caller's (non-autocommit) connections leave them idle, as found."""
+    pg.reset(postgres_dsn)
+    async with (
+        AsyncConnectionPool(postgres_dsn, min_size=1, max_size=1, open=False) as pool,
+        AsyncPostgresBackend(pool) as backend,
+    ):
+        lease = AsyncLease(backend, holder_id="holder-a", ttl=TTL)
+        token = await lease.acquire("tx")
+        await lease.checkpoint(token, b"x")
+        await lease.read_checkpoint(token)
+        with pytest.raises(LeaseHeldError):
+            await AsyncLease(backend, holder_id="holder-b", ttl=TTL).acquire("tx")
+        await lease.release(token, ExitMode.FINISHED)
+        async with pool.connection() as conn:
+            assert conn.autocommit is False
+            assert conn.info.transaction_status == TransactionStatus.IDLE
+
+
+async def test_state_over_one_mib_round_trips(backend: AsyncPostgresBackend) -> None:
+    """State larger than 1 MiB (every byte value) round-trips byte for byte."""
+    state = bytes(range(256)) * (5 * 1024)  # 1.25 MiB
+    token = await backend.acquire("big", "holder-a", TTL)
+    await backend.checkpoint(token, bytearray(state), TTL)
+    assert (await backend.read_checkpoint(token)).state == state
+
+
+async def test_missing_schema_names_the_fix(pool: AsyncConnectionPool[Any]) -> None:
+    """Without the tables every operation raises BackendError naming `worklease migrate`."""
+    backend = AsyncPostgresBackend(pool, schema="worklease_absent")
+    with pytest.raises(BackendError, match="worklease migrate") as caught:
+        await backend.acquire("w", "holder-a", TTL)
+    assert caught.value.transient is False
+    assert isinstance(caught.value.__cause__, psycopg.errors.UndefinedTable)
+
+
+async def test_custom_schema_is_quoted_and_used(
+    pool: AsyncConnectionPool[Any], postgres_dsn: str
+) -> None:
+    """apply_schema creates the objects in a named schema (quoted), idempotently."""
+    schema = 'Team "Leases"'
+    await AsyncPostgresBackend.apply_schema(pool, schema=schema)
+    await AsyncPostgresBackend.apply_schema(pool, schema=schema)
+    async with AsyncPostgresBackend(pool, schema=schema) as backend:
+        token = await backend.acquire("custom", "holder-a", TTL)
+        await backend.checkpoint(token, b"here", TTL)
+    rows = pg.execute(
+        postgres_dsn,
+        'SELECT checkpoint FROM "Team ""Leases""".worklease_leases WHERE work_id = %s',
+        ("custom",),
+    )
+    assert rows == [(b"here",)]
+    assert pg.execute(postgres_dsn, "SELECT count(*) FROM worklease_leases") == [(0,)]
+    pg.execute(postgres_dsn, 'DROP SCHEMA "Team ""Leases""" CASCADE')
+
+
+async def test_construction_errors(pool: AsyncConnectionPool[Any]) -> None:
+    """A missing pool or a bad schema name is a configuration error."""
+    with pytest.raises(BackendRequiredError):
+        AsyncPostgresBackend(None)  # type: ignore[arg-type]
+    with pytest.raises(ConfigError):
+        AsyncPostgresBackend("postgresql://")  # type: ignore[arg-type]
+    with pytest.raises(ConfigError):
+        AsyncPostgresBackend(pool, schema="")
+
+
+async def test_connect_owns_and_closes_its_pool_but_never_the_callers(
+    pool: AsyncConnectionPool[Any], postgres_dsn: str
+) -> None:
+    """connect() builds a pool the backend closes; a pool passed in is left open."""
+    async with AsyncPostgresBackend.connect(postgres_dsn, min_size=1, max_size=2) as owned:
+        token = await owned.acquire("owned", "holder-a", TTL)
+        await owned.release(token, ExitMode.FINISHED)
+        owned_pool = owned.pool
+        assert owned_pool._check == AsyncConnectionPool.check_connection
+    assert owned_pool.closed
+    async with AsyncPostgresBackend(pool) as borrowed:
+        await borrowed.renew(await borrowed.acquire("borrowed", "holder-a", TTL), TTL)
+    assert not pool.closed
+
+
+async def test_renewal_survives_terminated_connections(
+    backend: AsyncPostgresBackend, postgres_dsn: str
+) -> None:
+    """pg_terminate_backend of the connections renewals use: same token, still held."""
+    lease = AsyncLease(backend, holder_id="holder-a", ttl=2.0)
+    token = await lease.acquire("terminated")
+    async with lease.renewal(token, interval=0.2) as renewal:
+        for _ in range(3):
+            await renewed_since(postgres_dsn, renewal, pg_now(postgres_dsn))
+            pg.execute(
+                postgres_dsn,
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+                " WHERE datname = current_database() AND pid <> pg_backend_pid()",
+            )
+        await renewed_since(postgres_dsn, renewal, pg_now(postgres_dsn))
+        renewal.raise_if_lost()
+    assert not renewal.lost
+    with pytest.raises(LeaseHeldError):
+        await AsyncLease(backend, holder_id="holder-b", ttl=2.0).acquire("terminated")
+    assert row(postgres_dsn, "terminated")["token"] == token.fencing_token
+
+
+def pg_now(dsn: str) -> Any:
+    return pg.execute(dsn, "SELECT now()")[0][0]
+
+
+async def renewed_since(dsn: str, renewal: AsyncRenewal, started: Any) -> None:
+    """Wait (up to 10 s) until the lease row was renewed after ``started`` (database time)."""
+    for _ in range(1000):
+        renewal.raise_if_lost()
+        (updated,) = pg.execute(
+            dsn,
+            "SELECT updated_at FROM worklease_leases WHERE work_id = %s",
+            (renewal.token.work_id,),
+        )[0]
+        if updated > started:
+            return
+        await asleep(0.01)
+    raise AssertionError("no renewal succeeded within 10 s")
+
+
+async def test_renewal_reports_loss_when_database_unreachable(postgres_dsn: str) -> None:
+    """The database unreachable past the window: the loss is reported, not hidden."""
+    pg.reset(postgres_dsn)
+    with proxied(*pg.address(postgres_dsn)) as proxy:
+        proxied_dsn = pg.via(postgres_dsn, proxy.port)
+        async with (
+            AsyncConnectionPool(proxied_dsn, min_size=1, max_size=2, open=False) as pool,
+            AsyncPostgresBackend(pool) as backend,
+        ):
+            lease = AsyncLease(backend, holder_id="holder-a", ttl=1.0)
+            token = await lease.acquire("unreachable")
+            with pytest.raises(LeaseWindowExhaustedError):  # noqa: PT012
+                async with lease.renewal(token, interval=0.2) as renewal:
+                    await asleep(0.3)
+                    proxy.cut()
+                    for _ in range(1000):  # ends early: the loss surfaces within ~1 s
+                        renewal.raise_if_lost()
+                        await asleep(0.01)
+            assert renewal.remaining() is None
+            proxy.restore()
+            with pytest.raises(LeaseWindowExhaustedError):
+                await lease.checkpoint(token, b"after loss")  # refused without I/O
+
+
+async def test_renewal_reports_loss_when_network_goes_silent(postgres_dsn: str) -> None:
+    """A stalled connection (no bytes move): loss by window on time, no hang."""
+    pg.reset(postgres_dsn)
+    with proxied(*pg.address(postgres_dsn)) as proxy:
+        proxied_dsn = pg.via(postgres_dsn, proxy.port)
+        async with (
+            AsyncConnectionPool(proxied_dsn, min_size=1, max_size=2, open=False) as pool,
+            AsyncPostgresBackend(pool) as backend,
+        ):
+            lease = AsyncLease(backend, holder_id="holder-a", ttl=1.0)
+            token = await lease.acquire("silent")
+            with pytest.raises(LeaseWindowExhaustedError):  # noqa: PT012
+                async with lease.renewal(token, interval=0.2) as renewal:
+                    await asleep(0.3)
+                    proxy.stall()
+                    for _ in range(1000):
+                        renewal.raise_if_lost()
+                        await asleep(0.01)
+            assert renewal.lost
+            proxy.cut()  # unblock the stuck connections so the pools close promptly
+
+
+async def test_renewal_keeps_working_while_app_saturates_its_pool(postgres_dsn: str) -> None:
+    """The application holds every connection of its pool longer than the TTL: no loss."""
+    pg.reset(postgres_dsn)
+    async with (
+        AsyncConnectionPool(postgres_dsn, min_size=2, max_size=2, open=False) as pool,
+        AsyncPostgresBackend(pool) as backend,
+    ):
+        lease = AsyncLease(backend, holder_id="holder-a", ttl=0.8)
+        token = await lease.acquire("saturated")
+        async with (
+            lease.renewal(token, interval=0.2) as renewal,
+            pool.connection(),
+            pool.connection(),
+        ):
+            await asleep(2.0)  # 2.5 TTLs with no free application connection
+            renewal.raise_if_lost()
+        assert not renewal.lost
+        with pytest.raises(LeaseHeldError):
+            await AsyncLease(backend, holder_id="holder-b", ttl=1.0).acquire("saturated")
+
+
+async def test_bad_input_rejected_before_the_database(postgres_dsn: str) -> None:
+    """Invalid work IDs and states are refused before any statement reaches the server."""
+    pg.reset(postgres_dsn)
+    async with (
+        AsyncConnectionPool(postgres_dsn, min_size=1, max_size=1, open=False) as pool,
+        AsyncPostgresBackend(pool) as backend,
+    ):
+        lease = AsyncLease(backend, holder_id="holder-a", ttl=TTL)
+        token = await lease.acquire("valid")
+        pool_stats_before = pool.get_stats().get("requests_num", 0)
+        for bad in ("", "a\x00b", "x" * 1025, "é" * 513):
+            with pytest.raises(ValueError):
+                await lease.acquire(bad)
+            with pytest.raises(ValueError):
+                await backend.acquire(bad, "holder-a", TTL)
+        with pytest.raises(TypeError):
+            await lease.checkpoint(token, "text")  # type: ignore[arg-type]
+        with pytest.raises(ValueError):
+            await lease.release(token, "expired")
+        forged = dataclasses.replace(token, fencing_token=token.fencing_token + 1)
+        with pytest.raises(ValueError):
+            await lease.checkpoint(forged, b"x")
+        assert pool.get_stats().get("requests_num", 0) == pool_stats_before
+    assert pg.execute(postgres_dsn, "SELECT count(*) FROM worklease_leases") == [(1,)]
+
+
+async def test_runner_on_postgres(backend: AsyncPostgresBackend) -> None:
+    """The quick start's lifecycle works unchanged on PostgreSQL."""
+    lease = AsyncLease(backend, holder_id="worker-1", ttl=TTL)
+    seen: list[Checkpoint] = []
+
+    async def work(token: Token, prior: Checkpoint) -> bytes:
+        seen.append(prior)
+        return b"step 1 done"
+
+    runner = AsyncRunner(lease, work)
+    await runner.run("billing")
+    await runner.run("billing")
+    assert seen == [
+        Checkpoint(None, ExitMode.NONE, None),
+        Checkpoint(b"step 1 done", ExitMode.FINISHED, "worker-1"),
+    ]

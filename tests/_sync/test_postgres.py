@@ -1,0 +1,524 @@
+# Generated from tests/_async/test_postgres.py by scripts/unasync.py -- do not edit.
+# Change the async source and run "python scripts/unasync.py".
+
+"""PostgreSQL backend cases (behaviour.md §4.4, P1 to P12) and failure behaviour.
+
+The conformance suite runs against PostgreSQL through the shared ``backend`` fixture; these
+cases need direct SQL, several pools, or network faults.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator
+from typing import Any
+
+import psycopg
+import pytest
+from psycopg.pq import TransactionStatus
+from psycopg_pool import ConnectionPool
+
+from tests import pg
+from tests._acompat import sleep, spawn_all
+from tests.proxy import proxied
+from worklease import (
+    BackendError,
+    BackendRequiredError,
+    Checkpoint,
+    ConfigError,
+    ExitMode,
+    FencedError,
+    Lease,
+    LeaseExpiredError,
+    LeaseHeldError,
+    LeaseWindowExhaustedError,
+    PostgresBackend,
+    Renewal,
+    Runner,
+    Token,
+)
+
+pytestmark = pytest.mark.postgres
+
+TTL = 30.0
+
+
+@pytest.fixture
+def pool(postgres_dsn: str) -> Iterator[ConnectionPool[Any]]:
+    pg.reset(postgres_dsn)
+    with ConnectionPool(
+        postgres_dsn,
+        min_size=1,
+        max_size=8,
+        open=False,
+        check=ConnectionPool.check_connection,  # as production pools should
+    ) as pool:
+        yield pool
+
+
+@pytest.fixture
+def backend(pool: ConnectionPool[Any]) -> Iterator[PostgresBackend]:
+    with PostgresBackend(pool) as backend:
+        yield backend
+
+
+def row(dsn: str, work_id: str) -> dict[str, Any]:
+    rows = pg.execute(
+        dsn,
+        "SELECT holder_id, fencing_token, exit_mode, prev_exit_mode, prev_holder_id,"
+        " checkpoint, expires_at < now() AS expired, expires_at"
+        " FROM worklease_leases WHERE work_id = %s",
+        (work_id,),
+    )
+    assert len(rows) == 1, f"expected one row for {work_id!r}, got {rows}"
+    names = ("holder", "token", "exit", "prev_exit", "prev_holder", "checkpoint")
+    values = dict(zip((*names, "expired", "expires_at"), rows[0], strict=True))
+    return values
+
+
+def force_expiry(dsn: str, work_id: str) -> None:
+    pg.execute(
+        dsn,
+        "UPDATE worklease_leases SET expires_at = now() - interval '1 second' WHERE work_id = %s",
+        (work_id,),
+    )
+
+
+def test_p1_fresh_acquire(backend: PostgresBackend, postgres_dsn: str) -> None:
+    """P1: a fresh acquire returns a positive token and the stored record fields."""
+    token = backend.acquire("p1", "holder-a", TTL)
+    assert token.fencing_token > 0
+    assert (token.work_id, token.holder_id) == ("p1", "holder-a")
+    stored = row(postgres_dsn, "p1")
+    assert stored["token"] == token.fencing_token
+    assert stored["expires_at"] == token.expires_at
+    assert stored["prev_exit"] == "none"
+    assert stored["exit"] is None
+    assert token.expires_at.utcoffset() is not None
+
+
+def test_p2_reacquire_after_forced_expiry(backend: PostgresBackend, postgres_dsn: str) -> None:
+    """P2: after expiry set by SQL a new holder gets a greater token, the state, EXPIRED."""
+    first = backend.acquire("p2", "holder-a", TTL)
+    backend.checkpoint(first, b"progress", TTL)
+    force_expiry(postgres_dsn, "p2")
+    second = backend.acquire("p2", "holder-b", TTL)
+    assert second.fencing_token > first.fencing_token
+    prior = backend.read_checkpoint(second)
+    assert prior == Checkpoint(b"progress", ExitMode.EXPIRED, "holder-a")
+
+
+def test_p3_checkpoint_extends_on_database_clock(
+    backend: PostgresBackend, postgres_dsn: str
+) -> None:
+    """P3: a checkpoint with a 45 s TTL stores the state and sets expiry to now + 45 s."""
+    token = backend.acquire("p3", "holder-a", TTL)
+    backend.checkpoint(token, b"state", 45.0)
+    assert backend.read_checkpoint(token) == Checkpoint(b"state", ExitMode.NONE, None)
+    (left,) = pg.execute(
+        postgres_dsn,
+        "SELECT extract(epoch FROM expires_at - now()) FROM worklease_leases WHERE work_id = 'p3'",
+    )[0]
+    assert 40 < float(left) <= 45
+
+
+def test_p4_bumped_token_fences_every_operation(
+    backend: PostgresBackend, postgres_dsn: str
+) -> None:
+    """P4: once the stored token moved on, every operation with the old one is fenced."""
+    token = backend.acquire("p4", "holder-a", TTL)
+    pg.execute(
+        postgres_dsn,
+        "UPDATE worklease_leases SET fencing_token = fencing_token + 1000 WHERE work_id = 'p4'",
+    )
+    with pytest.raises(FencedError):
+        backend.checkpoint(token, b"x", TTL)
+    with pytest.raises(FencedError):
+        backend.renew(token, TTL)
+    with pytest.raises(FencedError):
+        backend.release(token, ExitMode.FINISHED)
+    with pytest.raises(FencedError):
+        backend.read_checkpoint(token)
+    with pytest.raises(FencedError):
+        backend.forget(token)
+    assert row(postgres_dsn, "p4")["checkpoint"] is None
+
+
+def test_p5_renew_after_forced_expiry(backend: PostgresBackend, postgres_dsn: str) -> None:
+    """P5: renewing a lease whose expiry passed (database clock) raises LeaseExpiredError."""
+    token = backend.acquire("p5", "holder-a", TTL)
+    force_expiry(postgres_dsn, "p5")
+    with pytest.raises(LeaseExpiredError):
+        backend.renew(token, TTL)
+
+
+def test_p6_release_records_exit_and_expires_on_database_clock(
+    backend: PostgresBackend, postgres_dsn: str
+) -> None:
+    """P6: release stores the exit text and an expiry already past on the database clock."""
+    token = backend.acquire("p6", "holder-a", TTL)
+    backend.release(token, ExitMode.ABANDONED)
+    stored = row(postgres_dsn, "p6")
+    assert stored["exit"] == "abandoned"
+    assert stored["expired"] is True
+
+
+def test_p7_checkpoint_after_release_writes_nothing(
+    backend: PostgresBackend, postgres_dsn: str
+) -> None:
+    """P7: a checkpoint after release raises LeaseExpiredError and changes nothing."""
+    token = backend.acquire("p7", "holder-a", TTL)
+    backend.release(token, ExitMode.FINISHED)
+    with pytest.raises(LeaseExpiredError):
+        backend.checkpoint(token, b"late", TTL)
+    stored = row(postgres_dsn, "p7")
+    assert (stored["exit"], stored["expired"], stored["checkpoint"]) == ("finished", True, None)
+
+
+def test_p8_read_of_missing_row_is_fenced(backend: PostgresBackend) -> None:
+    """P8: reading a row that does not exist raises FencedError."""
+    token = backend.acquire("p8", "holder-a", TTL)
+    backend.forget(token)
+    with pytest.raises(FencedError):
+        backend.read_checkpoint(token)
+
+
+def test_p9_handoff_after_finished(backend: PostgresBackend) -> None:
+    """P9: checkpoint, release FINISHED, re-acquire → state, prev FINISHED, prev holder."""
+    token = backend.acquire("p9", "holder-a", TTL)
+    backend.checkpoint(token, b"final", TTL)
+    backend.release(token, ExitMode.FINISHED)
+    successor = backend.acquire("p9", "holder-b", TTL)
+    prior = backend.read_checkpoint(successor)
+    assert prior == Checkpoint(b"final", ExitMode.FINISHED, "holder-a")
+
+
+def test_p10_reacquire_of_retired_row(backend: PostgresBackend, postgres_dsn: str) -> None:
+    """P10: re-acquiring a RETIRED row clears exit_mode and records prev 'retired'."""
+    token = backend.acquire("p10", "holder-a", TTL)
+    backend.release(token, ExitMode.RETIRED)
+    backend.acquire("p10", "holder-b", TTL)
+    stored = row(postgres_dsn, "p10")
+    assert (stored["exit"], stored["prev_exit"], stored["prev_holder"]) == (
+        None,
+        "retired",
+        "holder-a",
+    )
+
+
+@pytest.mark.parametrize(
+    ("column", "constraint"),
+    [
+        ("exit_mode", "worklease_leases_exit_mode_check"),
+        ("prev_exit_mode", "worklease_leases_prev_exit_mode_check"),
+    ],
+)
+def test_p12_check_constraints(
+    backend: PostgresBackend, postgres_dsn: str, column: str, constraint: str
+) -> None:
+    """P12: storing an unknown exit mode by SQL fails, naming the CHECK constraint."""
+    backend.acquire("p12", "holder-a", TTL)
+    with pytest.raises(psycopg.errors.CheckViolation, match=constraint):
+        pg.execute(
+            postgres_dsn,
+            f"UPDATE worklease_leases SET {column} = 'bogus' WHERE work_id = 'p12'",
+        )
+
+
+def test_unknown_stored_prev_exit_reads_as_expired(
+    backend: PostgresBackend, postgres_dsn: str
+) -> None:
+    """A prev_exit_mode this version does not know reads as EXPIRED (forward compatibility)."""
+    token = backend.acquire("future", "holder-a", TTL)
+    pg.execute(
+        postgres_dsn,
+        "ALTER TABLE worklease_leases DROP CONSTRAINT worklease_leases_prev_exit_mode_check",
+    )
+    try:
+        pg.execute(
+            postgres_dsn,
+            "UPDATE worklease_leases SET prev_exit_mode = 'migrated' WHERE work_id = 'future'",
+        )
+        assert (backend.read_checkpoint(token)).prev_exit is ExitMode.EXPIRED
+    finally:
+        pg.execute(postgres_dsn, "UPDATE worklease_leases SET prev_exit_mode = 'none'")
+        pg.execute(
+            postgres_dsn,
+            "ALTER TABLE worklease_leases ADD CONSTRAINT worklease_leases_prev_exit_mode_check"
+            " CHECK (prev_exit_mode IN ('none', 'expired', 'finished', 'abandoned', 'retired'))",
+        )
+
+
+def test_held_error_names_holder_and_expiry(backend: PostgresBackend) -> None:
+    """LeaseHeldError carries the current holder and expiry read in the same statement."""
+    token = backend.acquire("held", "holder-a", TTL)
+    with pytest.raises(LeaseHeldError) as caught:
+        backend.acquire("held", "holder-b", TTL)
+    assert caught.value.holder_id == "holder-a"
+    assert caught.value.expires_at == token.expires_at
+
+
+def test_fifty_concurrent_acquirers_one_winner(backend: PostgresBackend) -> None:
+    """50 concurrent acquirers of one work ID: exactly one wins, the rest LeaseHeldError."""
+
+    def contend(index: int) -> Token:
+        lease = Lease(backend, holder_id="contender-" + str(index), ttl=TTL)
+        return lease.acquire("contended")
+
+    results = spawn_all(contend, 50)
+    winners = [r for r in results if isinstance(r, Token)]
+    losers = [r for r in results if isinstance(r, LeaseHeldError)]
+    assert len(winners) == 1, results
+    assert len(losers) == 49, [r for r in results if not isinstance(r, Token | LeaseHeldError)]
+
+
+def test_contended_acquire_under_serializable_default(postgres_dsn: str) -> None:
+    """A role/database defaulting to SERIALIZABLE still yields LeaseHeldError, not 40001."""
+    pg.reset(postgres_dsn)
+    kwargs = {"options": "-c default_transaction_isolation=serializable"}
+    with (
+        ConnectionPool(postgres_dsn, min_size=4, max_size=8, kwargs=kwargs, open=False) as pool,
+        PostgresBackend(pool) as backend,
+    ):
+        with pool.connection() as conn:
+            level = (conn.execute("SHOW default_transaction_isolation")).fetchone()
+        assert level == ("serializable",)
+
+        def contend(index: int) -> Token:
+            lease = Lease(backend, holder_id="s-" + str(index), ttl=TTL)
+            return lease.acquire("serial")
+
+        results = spawn_all(contend, 20)
+        assert sum(isinstance(r, Token) for r in results) == 1, results
+        assert sum(isinstance(r, LeaseHeldError) for r in results) == 19, results
+
+
+def test_no_transaction_left_open_and_autocommit_restored(postgres_dsn: str) -> None:
+    """Operations on the caller's (non-autocommit) connections leave them idle, as found."""
+    pg.reset(postgres_dsn)
+    with (
+        ConnectionPool(postgres_dsn, min_size=1, max_size=1, open=False) as pool,
+        PostgresBackend(pool) as backend,
+    ):
+        lease = Lease(backend, holder_id="holder-a", ttl=TTL)
+        token = lease.acquire("tx")
+        lease.checkpoint(token, b"x")
+        lease.read_checkpoint(token)
+        with pytest.raises(LeaseHeldError):
+            Lease(backend, holder_id="holder-b", ttl=TTL).acquire("tx")
+        lease.release(token, ExitMode.FINISHED)
+        with pool.connection() as conn:
+            assert conn.autocommit is False
+            assert conn.info.transaction_status == TransactionStatus.IDLE
+
+
+def test_state_over_one_mib_round_trips(backend: PostgresBackend) -> None:
+    """State larger than 1 MiB (every byte value) round-trips byte for byte."""
+    state = bytes(range(256)) * (5 * 1024)  # 1.25 MiB
+    token = backend.acquire("big", "holder-a", TTL)
+    backend.checkpoint(token, bytearray(state), TTL)
+    assert (backend.read_checkpoint(token)).state == state
+
+
+def test_missing_schema_names_the_fix(pool: ConnectionPool[Any]) -> None:
+    """Without the tables every operation raises BackendError naming `worklease migrate`."""
+    backend = PostgresBackend(pool, schema="worklease_absent")
+    with pytest.raises(BackendError, match="worklease migrate") as caught:
+        backend.acquire("w", "holder-a", TTL)
+    assert caught.value.transient is False
+    assert isinstance(caught.value.__cause__, psycopg.errors.UndefinedTable)
+
+
+def test_custom_schema_is_quoted_and_used(pool: ConnectionPool[Any], postgres_dsn: str) -> None:
+    """apply_schema creates the objects in a named schema (quoted), idempotently."""
+    schema = 'Team "Leases"'
+    PostgresBackend.apply_schema(pool, schema=schema)
+    PostgresBackend.apply_schema(pool, schema=schema)
+    with PostgresBackend(pool, schema=schema) as backend:
+        token = backend.acquire("custom", "holder-a", TTL)
+        backend.checkpoint(token, b"here", TTL)
+    rows = pg.execute(
+        postgres_dsn,
+        'SELECT checkpoint FROM "Team ""Leases""".worklease_leases WHERE work_id = %s',
+        ("custom",),
+    )
+    assert rows == [(b"here",)]
+    assert pg.execute(postgres_dsn, "SELECT count(*) FROM worklease_leases") == [(0,)]
+    pg.execute(postgres_dsn, 'DROP SCHEMA "Team ""Leases""" CASCADE')
+
+
+def test_construction_errors(pool: ConnectionPool[Any]) -> None:
+    """A missing pool or a bad schema name is a configuration error."""
+    with pytest.raises(BackendRequiredError):
+        PostgresBackend(None)  # type: ignore[arg-type]
+    with pytest.raises(ConfigError):
+        PostgresBackend("postgresql://")  # type: ignore[arg-type]
+    with pytest.raises(ConfigError):
+        PostgresBackend(pool, schema="")
+
+
+def test_connect_owns_and_closes_its_pool_but_never_the_callers(
+    pool: ConnectionPool[Any], postgres_dsn: str
+) -> None:
+    """connect() builds a pool the backend closes; a pool passed in is left open."""
+    with PostgresBackend.connect(postgres_dsn, min_size=1, max_size=2) as owned:
+        token = owned.acquire("owned", "holder-a", TTL)
+        owned.release(token, ExitMode.FINISHED)
+        owned_pool = owned.pool
+        assert owned_pool._check == ConnectionPool.check_connection
+    assert owned_pool.closed
+    with PostgresBackend(pool) as borrowed:
+        borrowed.renew(borrowed.acquire("borrowed", "holder-a", TTL), TTL)
+    assert not pool.closed
+
+
+def test_renewal_survives_terminated_connections(
+    backend: PostgresBackend, postgres_dsn: str
+) -> None:
+    """pg_terminate_backend of the connections renewals use: same token, still held."""
+    lease = Lease(backend, holder_id="holder-a", ttl=2.0)
+    token = lease.acquire("terminated")
+    with lease.renewal(token, interval=0.2) as renewal:
+        for _ in range(3):
+            renewed_since(postgres_dsn, renewal, pg_now(postgres_dsn))
+            pg.execute(
+                postgres_dsn,
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+                " WHERE datname = current_database() AND pid <> pg_backend_pid()",
+            )
+        renewed_since(postgres_dsn, renewal, pg_now(postgres_dsn))
+        renewal.raise_if_lost()
+    assert not renewal.lost
+    with pytest.raises(LeaseHeldError):
+        Lease(backend, holder_id="holder-b", ttl=2.0).acquire("terminated")
+    assert row(postgres_dsn, "terminated")["token"] == token.fencing_token
+
+
+def pg_now(dsn: str) -> Any:
+    return pg.execute(dsn, "SELECT now()")[0][0]
+
+
+def renewed_since(dsn: str, renewal: Renewal, started: Any) -> None:
+    """Wait (up to 10 s) until the lease row was renewed after ``started`` (database time)."""
+    for _ in range(1000):
+        renewal.raise_if_lost()
+        (updated,) = pg.execute(
+            dsn,
+            "SELECT updated_at FROM worklease_leases WHERE work_id = %s",
+            (renewal.token.work_id,),
+        )[0]
+        if updated > started:
+            return
+        sleep(0.01)
+    raise AssertionError("no renewal succeeded within 10 s")
+
+
+def test_renewal_reports_loss_when_database_unreachable(postgres_dsn: str) -> None:
+    """The database unreachable past the window: the loss is reported, not hidden."""
+    pg.reset(postgres_dsn)
+    with proxied(*pg.address(postgres_dsn)) as proxy:
+        proxied_dsn = pg.via(postgres_dsn, proxy.port)
+        with (
+            ConnectionPool(proxied_dsn, min_size=1, max_size=2, open=False) as pool,
+            PostgresBackend(pool) as backend,
+        ):
+            lease = Lease(backend, holder_id="holder-a", ttl=1.0)
+            token = lease.acquire("unreachable")
+            with pytest.raises(LeaseWindowExhaustedError):  # noqa: PT012
+                with lease.renewal(token, interval=0.2) as renewal:
+                    sleep(0.3)
+                    proxy.cut()
+                    for _ in range(1000):  # ends early: the loss surfaces within ~1 s
+                        renewal.raise_if_lost()
+                        sleep(0.01)
+            assert renewal.remaining() is None
+            proxy.restore()
+            with pytest.raises(LeaseWindowExhaustedError):
+                lease.checkpoint(token, b"after loss")  # refused without I/O
+
+
+def test_renewal_reports_loss_when_network_goes_silent(postgres_dsn: str) -> None:
+    """A stalled connection (no bytes move): loss by window on time, no hang."""
+    pg.reset(postgres_dsn)
+    with proxied(*pg.address(postgres_dsn)) as proxy:
+        proxied_dsn = pg.via(postgres_dsn, proxy.port)
+        with (
+            ConnectionPool(proxied_dsn, min_size=1, max_size=2, open=False) as pool,
+            PostgresBackend(pool) as backend,
+        ):
+            lease = Lease(backend, holder_id="holder-a", ttl=1.0)
+            token = lease.acquire("silent")
+            with pytest.raises(LeaseWindowExhaustedError):  # noqa: PT012
+                with lease.renewal(token, interval=0.2) as renewal:
+                    sleep(0.3)
+                    proxy.stall()
+                    for _ in range(1000):
+                        renewal.raise_if_lost()
+                        sleep(0.01)
+            assert renewal.lost
+            proxy.cut()  # unblock the stuck connections so the pools close promptly
+
+
+def test_renewal_keeps_working_while_app_saturates_its_pool(postgres_dsn: str) -> None:
+    """The application holds every connection of its pool longer than the TTL: no loss."""
+    pg.reset(postgres_dsn)
+    with (
+        ConnectionPool(postgres_dsn, min_size=2, max_size=2, open=False) as pool,
+        PostgresBackend(pool) as backend,
+    ):
+        lease = Lease(backend, holder_id="holder-a", ttl=0.8)
+        token = lease.acquire("saturated")
+        with (
+            lease.renewal(token, interval=0.2) as renewal,
+            pool.connection(),
+            pool.connection(),
+        ):
+            sleep(2.0)  # 2.5 TTLs with no free application connection
+            renewal.raise_if_lost()
+        assert not renewal.lost
+        with pytest.raises(LeaseHeldError):
+            Lease(backend, holder_id="holder-b", ttl=1.0).acquire("saturated")
+
+
+def test_bad_input_rejected_before_the_database(postgres_dsn: str) -> None:
+    """Invalid work IDs and states are refused before any statement reaches the server."""
+    pg.reset(postgres_dsn)
+    with (
+        ConnectionPool(postgres_dsn, min_size=1, max_size=1, open=False) as pool,
+        PostgresBackend(pool) as backend,
+    ):
+        lease = Lease(backend, holder_id="holder-a", ttl=TTL)
+        token = lease.acquire("valid")
+        pool_stats_before = pool.get_stats().get("requests_num", 0)
+        for bad in ("", "a\x00b", "x" * 1025, "é" * 513):
+            with pytest.raises(ValueError):
+                lease.acquire(bad)
+            with pytest.raises(ValueError):
+                backend.acquire(bad, "holder-a", TTL)
+        with pytest.raises(TypeError):
+            lease.checkpoint(token, "text")  # type: ignore[arg-type]
+        with pytest.raises(ValueError):
+            lease.release(token, "expired")
+        forged = dataclasses.replace(token, fencing_token=token.fencing_token + 1)
+        with pytest.raises(ValueError):
+            lease.checkpoint(forged, b"x")
+        assert pool.get_stats().get("requests_num", 0) == pool_stats_before
+    assert pg.execute(postgres_dsn, "SELECT count(*) FROM worklease_leases") == [(1,)]
+
+
+def test_runner_on_postgres(backend: PostgresBackend) -> None:
+    """The quick start's lifecycle works unchanged on PostgreSQL."""
+    lease = Lease(backend, holder_id="worker-1", ttl=TTL)
+    seen: list[Checkpoint] = []
+
+    def work(token: Token, prior: Checkpoint) -> bytes:
+        seen.append(prior)
+        return b"step 1 done"
+
+    runner = Runner(lease, work)
+    runner.run("billing")
+    runner.run("billing")
+    assert seen == [
+        Checkpoint(None, ExitMode.NONE, None),
+        Checkpoint(b"step 1 done", ExitMode.FINISHED, "worker-1"),
+    ]

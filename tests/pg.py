@@ -1,0 +1,207 @@
+"""The PostgreSQL test database: find or start a server, create a fresh database per run.
+
+Order: ``WORKLEASE_TEST_DSN`` if set; else a server answering on 127.0.0.1:5432 (user
+``postgres``); else a throwaway cluster started from the local server binaries (``pg_config
+--bindir`` or ``/usr/lib/postgresql/*/bin``) in a temporary directory, as user ``postgres`` when
+running as root, stopped at the end. Each test run creates its own database, so parallel runs
+never collide. Tests use plain (sync) psycopg through the helpers here for direct SQL.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import glob
+import os
+import pwd
+import shutil
+import socket
+import subprocess
+import tempfile
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import psycopg
+from psycopg import sql
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+from worklease._pg import schema_statements
+
+LOCAL_DSN = "host=127.0.0.1 port=5432 user=postgres dbname=postgres connect_timeout=3"
+
+
+class Unavailable(Exception):
+    """No PostgreSQL server could be found or started."""
+
+
+def answers(dsn: str) -> bool:
+    try:
+        with psycopg.connect(dsn, connect_timeout=3, autocommit=True) as conn:
+            conn.execute("SELECT 1")
+    except psycopg.Error:
+        return False
+    return True
+
+
+def find_bindir() -> Path | None:
+    candidates: list[Path] = []
+    pg_config = shutil.which("pg_config")
+    if pg_config:
+        with contextlib.suppress(OSError, subprocess.SubprocessError):
+            out = subprocess.run(
+                [pg_config, "--bindir"], capture_output=True, text=True, check=True, timeout=10
+            )
+            candidates.append(Path(out.stdout.strip()))
+
+    def version(path: str) -> float:
+        try:
+            return float(Path(path).parent.name)
+        except ValueError:
+            return 0.0
+
+    candidates += [
+        Path(p) for p in sorted(glob.glob("/usr/lib/postgresql/*/bin"), key=version, reverse=True)
+    ]
+    for bindir in candidates:
+        if (bindir / "initdb").exists() and (bindir / "pg_ctl").exists():
+            return bindir
+    return None
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+class ThrowawayCluster:
+    """A PostgreSQL cluster in a temporary directory, removed by :meth:`stop`."""
+
+    def __init__(self, bindir: Path) -> None:
+        self.bindir = bindir
+        self.root = Path(tempfile.mkdtemp(prefix="worklease-pg-"))
+        self.data = self.root / "data"
+        self.port = _free_port()
+        self.user: str | None = None
+        if os.geteuid() == 0:  # PostgreSQL refuses to run as root
+            try:
+                pwd.getpwnam("postgres")
+            except KeyError as exc:
+                raise Unavailable("running as root and there is no 'postgres' user") from exc
+            self.user = "postgres"
+            shutil.chown(self.root, user="postgres", group=None)
+            os.chmod(self.root, 0o700)
+
+    def _run(self, *args: str) -> None:
+        result = subprocess.run(
+            list(args),
+            capture_output=True,
+            text=True,
+            timeout=120,
+            user=self.user,
+            cwd=self.root,
+        )
+        if result.returncode != 0:
+            raise Unavailable(f"{Path(args[0]).name} failed: {result.stderr.strip()[-500:]}")
+
+    def start(self) -> str:
+        self._run(
+            str(self.bindir / "initdb"),
+            "-D",
+            str(self.data),
+            "-U",
+            "postgres",
+            "--auth=trust",
+            "-E",
+            "UTF8",
+            "--no-sync",
+        )
+        options = f"-p {self.port} -k {self.root} -c listen_addresses=127.0.0.1 -c fsync=off"
+        self._run(
+            str(self.bindir / "pg_ctl"),
+            "-D",
+            str(self.data),
+            "-o",
+            options,
+            "-l",
+            str(self.root / "server.log"),
+            "-w",
+            "-t",
+            "60",
+            "start",
+        )
+        return f"host=127.0.0.1 port={self.port} user=postgres dbname=postgres connect_timeout=5"
+
+    def stop(self) -> None:
+        with contextlib.suppress(Exception):
+            self._run(str(self.bindir / "pg_ctl"), "-D", str(self.data), "-m", "fast", "stop")
+        shutil.rmtree(self.root, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def server() -> Iterator[str]:
+    """Yield the DSN of a reachable server (see the module docstring); raise Unavailable."""
+    explicit = os.environ.get("WORKLEASE_TEST_DSN")
+    if explicit:
+        if not answers(explicit):
+            raise Unavailable(f"WORKLEASE_TEST_DSN is set but does not answer: {explicit!r}")
+        yield explicit
+        return
+    if answers(LOCAL_DSN):
+        yield LOCAL_DSN
+        return
+    bindir = find_bindir()
+    if bindir is None:
+        raise Unavailable(
+            "no server on 127.0.0.1:5432, WORKLEASE_TEST_DSN unset, and no PostgreSQL server "
+            "binaries found (pg_config --bindir, /usr/lib/postgresql/*/bin)"
+        )
+    cluster = ThrowawayCluster(bindir)
+    try:
+        yield cluster.start()
+    finally:
+        cluster.stop()
+
+
+@contextlib.contextmanager
+def fresh_database(server_dsn: str) -> Iterator[str]:
+    """Create a database for this run with the worklease schema; drop it afterwards."""
+    name = f"worklease_test_{os.getpid()}_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(server_dsn, autocommit=True) as conn:
+        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+    dsn = make_conninfo(server_dsn, dbname=name)
+    try:
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            for statement in schema_statements():
+                conn.execute(statement.encode())
+        yield dsn
+    finally:
+        with psycopg.connect(server_dsn, autocommit=True) as conn:
+            conn.execute(
+                sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
+            )
+
+
+def address(dsn: str) -> tuple[str, int]:
+    """The host and port a DSN points at."""
+    params = conninfo_to_dict(dsn)
+    return str(params.get("host") or "127.0.0.1"), int(str(params.get("port") or 5432))
+
+
+def via(dsn: str, port: int) -> str:
+    """The DSN rerouted through a proxy listening on 127.0.0.1:``port``."""
+    return make_conninfo(dsn, host="127.0.0.1", port=str(port))
+
+
+def execute(dsn: str, query: str, params: Any = None) -> list[tuple[Any, ...]]:
+    """Run one statement directly (autocommit) and return its rows (if any)."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        cursor = conn.execute(query.encode(), params)
+        return cursor.fetchall() if cursor.description else []
+
+
+def reset(dsn: str) -> None:
+    """Empty the lease table (the token sequence keeps counting, as in production)."""
+    execute(dsn, "TRUNCATE worklease_leases")
