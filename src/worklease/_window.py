@@ -231,14 +231,15 @@ class LeaseWindow:
             if self._cause is None and not self._stopped:
                 self._end = max(self._end, call_start + ttl)
 
-    def lose(self, cause: LeaseLostError) -> LeaseLostError:
-        """Record the loss unless one was already recorded; return the effective cause."""
+    def lose(self, cause: LeaseLostError) -> LeaseLostError | None:
+        """Record the loss unless one was already recorded or the renewal was stopped (a
+        stopped renewal's late answers mean nothing); return the effective cause."""
         with self._lock:
-            if self._cause is None:
+            if self._cause is None and not self._stopped:
                 self._cause = cause
             return self._cause
 
-    def lose_by_window(self, error: BaseException | None = None) -> LeaseLostError:
+    def lose_by_window(self, error: BaseException | None = None) -> LeaseLostError | None:
         """Record window exhaustion (chained to the last transient error)."""
         cause = self._exhausted()
         if error is not None:

@@ -817,33 +817,46 @@ def test_direct_writes_extend_the_window(backend: ScriptedBackend) -> None:
     assert backend.count("renew") == 1  # the renewal itself never ticked
 
 
+def after_a_renewal(observer: RecordingObserver) -> None:
+    """Wait until a renewal attempt has just finished (the next one is an interval away)."""
+    seen = len(renew_events(observer))
+    for _ in range(500):
+        if len(renew_events(observer)) > seen:
+            return
+        sleep(0.002)
+    raise AssertionError("no renewal attempt within 1 s")
+
+
 def test_release_stops_a_running_renewal(
     lease: Lease, backend: ScriptedBackend, observer: RecordingObserver
 ) -> None:
     """L11: releasing inside a renewal stops it; the block then exits normally."""
     token = lease.acquire("w1")
-    with lease.renewal(token, interval=0.02) as r:
-        sleep(0.1)
+    with lease.renewal(token, interval=0.05) as r:
+        after_a_renewal(observer)
         lease.release(token, ExitMode.FINISHED)
         assert r.remaining() is None
-        sleep(0.05)  # let an attempt that was already under way be logged
         renewed = backend.count("renew")
-        sleep(0.15)
+        sleep(0.2)
         assert backend.count("renew") == renewed
     assert (r.cause, r.lost) == (None, False)
     assert observer.of_type(ReleaseEvent)[0].error is None
 
 
-def test_forget_stops_a_running_renewal(lease: Lease, backend: ScriptedBackend) -> None:
+def test_forget_stops_a_running_renewal(
+    lease: Lease, backend: ScriptedBackend, observer: RecordingObserver
+) -> None:
     """L14: forgetting inside a renewal stops it; no fenced renewal follows."""
     token = lease.acquire("w1")
-    with lease.renewal(token, interval=0.02) as r:
+    with lease.renewal(token, interval=0.05) as r:
+        after_a_renewal(observer)
         lease.forget(token)
-        sleep(0.05)  # let an attempt that was already under way be logged
+        assert r.remaining() is None
         renewed = backend.count("renew")
-        sleep(0.15)
+        sleep(0.2)
         assert backend.count("renew") == renewed
-    assert r.cause is None
+    assert (r.cause, r.lost) == (None, False)
+    assert observer.of_type(FencedEvent) == []
 
 
 def test_current_renewal(lease: Lease) -> None:

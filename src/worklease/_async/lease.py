@@ -245,10 +245,11 @@ class AsyncLease:
         ``InvalidExitModeError`` with no I/O). ``FencedError`` when superseded;
         ``LeaseExpiredError`` when the lease already lapsed (nothing is recorded: the
         successor sees EXPIRED) or was already released. A renewal still running on the token
-        stops.
+        is stopped first (it stays stopped if the release fails).
         """
         declared = check_exit_mode(mode)
         seal = self._writable(token)
+        seal.finished()  # the holder gives the lease up: stop renewing it first
         start = monotonic()
         try:
             await self._backend.release(token, declared)
@@ -257,7 +258,6 @@ class AsyncLease:
             notify(self._observer.on_release, ReleaseEvent(token, declared, duration, exc))
             self._report_fenced(token, Operation.RELEASE, exc)
             raise
-        seal.finished()
         notify(
             self._observer.on_release,
             ReleaseEvent(token, declared, monotonic() - start, None),
@@ -269,7 +269,7 @@ class AsyncLease:
         The next holder sees ExitMode.NONE and a greater token. ``FencedError`` when the
         lease moved on or the row is already gone.
         """
-        seal = unseal(token, self._backend)
+        unseal(token, self._backend).finished()  # stop renewing a row about to go
         start = monotonic()
         try:
             await self._backend.forget(token)
@@ -277,7 +277,6 @@ class AsyncLease:
             notify(self._observer.on_forget, ForgetEvent(token, monotonic() - start, exc))
             self._report_fenced(token, Operation.FORGET, exc)
             raise
-        seal.finished()
         notify(self._observer.on_forget, ForgetEvent(token, monotonic() - start, None))
 
     # -- renewal and hold ---------------------------------------------------------------------

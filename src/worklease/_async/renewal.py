@@ -10,7 +10,7 @@ from .._acompat import AEvent, AHostCanceller, AWorker, acancel_worker, aspawn
 from .._context import _current
 from .._models import Token
 from .._window import Backoff, LeaseWindow, TokenSeal, chain_loss, monotonic
-from ..errors import FencedError, LeaseExpiredError, LeaseLapsedError, LeaseLostError
+from ..errors import LeaseExpiredError, LeaseLapsedError, LeaseLostError
 
 if TYPE_CHECKING:
     from contextvars import Token as ContextToken
@@ -163,17 +163,10 @@ class AsyncRenewal:
             left = self._window.begin_attempt(start)
             try:
                 await self._lease._renew_once(self._token, attempt, left if left > 0 else ttl)
-            except FencedError as exc:
-                return self._lose(self._window.lose(exc))
-            except LeaseExpiredError as exc:
-                lapsed = LeaseLapsedError(
-                    f"renewal found the lease on work ID {self._token.work_id!r} "
-                    f"(holder {self._token.holder_id!r}, token {self._token.fencing_token}) "
-                    "already lapsed",
-                    token=self._token,
-                )
-                lapsed.__cause__ = exc
-                return self._lose(self._window.lose(lapsed))
+            except LeaseLostError as exc:
+                if self._window.stopped:  # released or stopped meanwhile: not a loss
+                    return True
+                return self._lose(self._window.lose(self._lapsed(exc)))
             except Exception as exc:
                 error: Exception = exc
             else:
@@ -193,6 +186,19 @@ class AsyncRenewal:
                 return self._lose(self._window.lose_by_window(error))
             base = self._backoff.next_base(base)
             attempt += 1
+
+    def _lapsed(self, error: LeaseLostError) -> LeaseLostError:
+        """The loss cause for a renewal the backend refused (fenced is reported as is)."""
+        if not isinstance(error, LeaseExpiredError) or isinstance(error, LeaseLapsedError):
+            return error
+        token = self._token
+        lapsed = LeaseLapsedError(
+            f"renewal found the lease on work ID {token.work_id!r} (holder "
+            f"{token.holder_id!r}, token {token.fencing_token}) already lapsed",
+            token=token,
+        )
+        lapsed.__cause__ = error
+        return lapsed
 
     def _lose(self, cause: LeaseLostError | None) -> bool:
         if cause is not None and not self._stopped:

@@ -248,10 +248,11 @@ class Lease:
         ``InvalidExitModeError`` with no I/O). ``FencedError`` when superseded;
         ``LeaseExpiredError`` when the lease already lapsed (nothing is recorded: the
         successor sees EXPIRED) or was already released. A renewal still running on the token
-        stops.
+        is stopped first (it stays stopped if the release fails).
         """
         declared = check_exit_mode(mode)
         seal = self._writable(token)
+        seal.finished()  # the holder gives the lease up: stop renewing it first
         start = monotonic()
         try:
             self._backend.release(token, declared)
@@ -260,7 +261,6 @@ class Lease:
             notify(self._observer.on_release, ReleaseEvent(token, declared, duration, exc))
             self._report_fenced(token, Operation.RELEASE, exc)
             raise
-        seal.finished()
         notify(
             self._observer.on_release,
             ReleaseEvent(token, declared, monotonic() - start, None),
@@ -272,7 +272,7 @@ class Lease:
         The next holder sees ExitMode.NONE and a greater token. ``FencedError`` when the
         lease moved on or the row is already gone.
         """
-        seal = unseal(token, self._backend)
+        unseal(token, self._backend).finished()  # stop renewing a row about to go
         start = monotonic()
         try:
             self._backend.forget(token)
@@ -280,7 +280,6 @@ class Lease:
             notify(self._observer.on_forget, ForgetEvent(token, monotonic() - start, exc))
             self._report_fenced(token, Operation.FORGET, exc)
             raise
-        seal.finished()
         notify(self._observer.on_forget, ForgetEvent(token, monotonic() - start, None))
 
     # -- renewal and hold ---------------------------------------------------------------------
