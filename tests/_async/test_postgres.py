@@ -23,6 +23,7 @@ from worklease import (
     AsyncPostgresBackend,
     AsyncRenewal,
     AsyncRunner,
+    AsyncVacuum,
     BackendError,
     BackendRequiredError,
     Checkpoint,
@@ -529,3 +530,34 @@ async def test_runner_on_postgres(backend: AsyncPostgresBackend) -> None:
         Checkpoint(None, ExitMode.NONE, None),
         Checkpoint(b"step 1 done", ExitMode.FINISHED, "worker-1"),
     ]
+
+
+async def test_least_privilege_role_from_the_readme(postgres_dsn: str) -> None:
+    """The GRANTs the README lists are enough for every lease operation and the vacuum."""
+    pg.reset(postgres_dsn)
+    role = "worklease_worker_" + str(abs(hash(postgres_dsn)) % 100000)
+    pg.execute(postgres_dsn, f"DROP ROLE IF EXISTS {role}")
+    pg.execute(postgres_dsn, f"CREATE ROLE {role} LOGIN")
+    try:
+        pg.execute(postgres_dsn, f"GRANT USAGE ON SCHEMA public TO {role}")
+        pg.execute(
+            postgres_dsn,
+            f"GRANT SELECT, INSERT, UPDATE, DELETE ON worklease_leases TO {role}",
+        )
+        pg.execute(postgres_dsn, f"GRANT USAGE ON SEQUENCE worklease_fencing_seq TO {role}")
+        worker_dsn = psycopg.conninfo.make_conninfo(postgres_dsn, user=role)
+        async with (
+            AsyncConnectionPool(worker_dsn, min_size=1, max_size=2, open=False) as pool,
+            AsyncPostgresBackend(pool) as backend,
+        ):
+            lease = AsyncLease(backend, holder_id="holder-a", ttl=TTL)
+            token = await lease.acquire("least")
+            await lease.checkpoint(token, b"x")
+            await lease.renew(token)
+            await lease.read_checkpoint(token)
+            await lease.release(token, ExitMode.RETIRED)
+            await lease.forget(token)
+            assert await AsyncVacuum(backend).sweep(1.0, include_expired=True) == 0
+    finally:
+        pg.execute(postgres_dsn, f"DROP OWNED BY {role}")
+        pg.execute(postgres_dsn, f"DROP ROLE {role}")
