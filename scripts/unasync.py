@@ -72,6 +72,9 @@ REPLACEMENTS: dict[str, str] = {
     "AsyncHold": "Hold",
     "AsyncBackendConformance": "BackendConformance",
     "AsyncWorkFn": "WorkFn",
+    "AsyncTokenCallback": "TokenCallback",
+    "AsyncLeader": "Leader",
+    "AsyncPool": "Pool",
     "AsyncPostgresBackend": "PostgresBackend",
     # compat pairs (worklease._acompat)
     "asleep": "sleep",
@@ -81,6 +84,7 @@ REPLACEMENTS: dict[str, str] = {
     "acall": "call",
     "acleanup": "cleanup",
     "acancel_worker": "cancel_worker",
+    "ajoin_all": "join_all",
     "AHostCanceller": "HostCanceller",
     "abounded": "bounded",
     "wait_timeout": "wait",

@@ -13,8 +13,10 @@ from __future__ import annotations
 
 from ._async.backend import AsyncBackend as AsyncBackend
 from ._async.hold import AsyncHold as AsyncHold
+from ._async.leader import AsyncLeader as AsyncLeader
 from ._async.lease import AsyncLease as AsyncLease
 from ._async.memory import AsyncMemoryBackend as AsyncMemoryBackend
+from ._async.pool import AsyncPool as AsyncPool
 from ._async.postgres import AsyncPostgresBackend as AsyncPostgresBackend
 from ._async.renewal import AsyncRenewal as AsyncRenewal
 from ._async.runner import AsyncRunner as AsyncRunner
@@ -27,13 +29,17 @@ from ._models import Token as Token
 from ._pg import schema_sql as schema_sql
 from ._sync.backend import Backend as Backend
 from ._sync.hold import Hold as Hold
+from ._sync.leader import Leader as Leader
 from ._sync.lease import Lease as Lease
 from ._sync.memory import MemoryBackend as MemoryBackend
+from ._sync.pool import Pool as Pool
 from ._sync.postgres import PostgresBackend as PostgresBackend
 from ._sync.renewal import Renewal as Renewal
 from ._sync.runner import Runner as Runner
 from ._sync.vacuum import Vacuum as Vacuum
+from ._types import AsyncTokenCallback as AsyncTokenCallback
 from ._types import AsyncWorkFn as AsyncWorkFn
+from ._types import TokenCallback as TokenCallback
 from ._types import WorkFn as WorkFn
 from ._window import Backoff as Backoff
 from .codec import Codec as Codec
@@ -85,11 +91,14 @@ __all__ = [
     "AllSlotsDeadError",
     "AsyncBackend",
     "AsyncHold",
+    "AsyncLeader",
     "AsyncLease",
     "AsyncMemoryBackend",
+    "AsyncPool",
     "AsyncPostgresBackend",
     "AsyncRenewal",
     "AsyncRunner",
+    "AsyncTokenCallback",
     "AsyncVacuum",
     "AsyncWorkFn",
     "Backend",
@@ -111,6 +120,7 @@ __all__ = [
     "InvalidExitModeError",
     "InvalidTokenError",
     "JSONCodec",
+    "Leader",
     "Lease",
     "LeaseExpiredError",
     "LeaseHeldError",
@@ -122,6 +132,7 @@ __all__ = [
     "MemoryBackend",
     "Operation",
     "PermanentError",
+    "Pool",
     "PostgresBackend",
     "PoolConfigError",
     "PoolObserver",
@@ -139,6 +150,7 @@ __all__ = [
     "SlotRetiredEvent",
     "SweepEvent",
     "Token",
+    "TokenCallback",
     "Vacuum",
     "VacuumObserver",
     "WorkFn",

@@ -12,7 +12,7 @@ import asyncio
 import inspect
 import threading
 import time
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from typing import Any, TypeVar, cast
 
 __all__ = [
@@ -27,12 +27,14 @@ __all__ = [
     "acall",
     "acancel_worker",
     "acleanup",
+    "ajoin_all",
     "asleep",
     "aspawn",
     "bounded",
     "call",
     "cancel_worker",
     "cleanup",
+    "join_all",
     "sleep",
     "spawn",
 ]
@@ -92,6 +94,22 @@ def spawn(fn: Callable[..., None], *args: Any, name: str) -> Worker:
     thread = threading.Thread(target=fn, args=args, name=name, daemon=True)
     thread.start()
     return thread
+
+
+async def ajoin_all(workers: Sequence[AWorker], timeout: float | None = None) -> bool:
+    """Wait until every task finished; False if ``timeout`` seconds passed first."""
+    if not workers:
+        return True
+    _, pending = await asyncio.wait(workers, timeout=timeout)
+    return not pending
+
+
+def join_all(workers: Sequence[Worker], timeout: float | None = None) -> bool:
+    """Wait until every thread finished; False if ``timeout`` seconds passed first."""
+    deadline = None if timeout is None else time.monotonic() + timeout
+    for worker in workers:
+        worker.join(None if deadline is None else max(deadline - time.monotonic(), 0.0))
+    return not any(worker.is_alive() for worker in workers)
 
 
 def acancel_worker(worker: AWorker) -> None:

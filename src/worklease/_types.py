@@ -6,10 +6,16 @@ from collections.abc import Awaitable, Callable
 
 from ._models import Checkpoint, Token
 
-__all__ = ["AsyncWorkFn", "WorkFn"]
+__all__ = ["AsyncTokenCallback", "AsyncWorkFn", "TokenCallback", "WorkFn"]
 
 AsyncWorkFn = Callable[[Token, Checkpoint], Awaitable[bytes | None] | bytes | None]
 """An asyncio work function ``work(token, prior)`` (a plain function works too)."""
 
 WorkFn = Callable[[Token, Checkpoint], bytes | None]
 """A work function ``work(token, prior)`` returning the final state or ``None``."""
+
+AsyncTokenCallback = Callable[[Token], Awaitable[object] | object]
+"""An asyncio callable taking a token (leader functions and callbacks; plain ones work too)."""
+
+TokenCallback = Callable[[Token], object]
+"""A callable taking a token (leader functions and callbacks)."""

@@ -16,7 +16,7 @@ from .renewal import AsyncRenewal
 if TYPE_CHECKING:
     from .lease import AsyncLease
 
-__all__ = ["AsyncHold"]
+__all__ = ["AsyncHold", "finish"]
 
 
 class AsyncHold:
@@ -129,7 +129,9 @@ class AsyncHold:
             return False
         token = self.token
         if isinstance(exc, Retire):
-            await acleanup(self._cleanup_timeout, self._finish, token, exc.state, ExitMode.RETIRED)
+            await acleanup(
+                self._cleanup_timeout, finish, self._lease, token, exc.state, ExitMode.RETIRED
+            )
             return True
         mode = ExitMode.FINISHED if exc is None else ExitMode.ABANDONED
         try:
@@ -140,19 +142,22 @@ class AsyncHold:
             exc.add_note(f"worklease: releasing the lease as abandoned failed: {error!r}")
         return False
 
-    async def _finish(self, token: Token, state: StateLike | None, mode: ExitMode) -> None:
-        """Write the final state, then release; a failed write releases ABANDONED."""
-        if state is not None:
+
+async def finish(lease: AsyncLease, token: Token, state: StateLike | None, mode: ExitMode) -> None:
+    """Write the final state (if any), then release with ``mode``.
+
+    A failed final write releases ABANDONED instead (the last good checkpoint stays) and
+    re-raises; a fenced one releases nothing.
+    """
+    if state is not None:
+        try:
+            await lease.checkpoint(token, state)
+        except FencedError:
+            raise
+        except Exception as error:
             try:
-                await self._lease.checkpoint(token, state)
-            except FencedError:
-                raise
-            except Exception as error:
-                try:
-                    await self._lease.release(token, ExitMode.ABANDONED)
-                except Exception as release_error:
-                    error.add_note(
-                        f"worklease: releasing as abandoned failed too: {release_error!r}"
-                    )
-                raise
-        await self._lease.release(token, mode)
+                await lease.release(token, ExitMode.ABANDONED)
+            except Exception as release_error:
+                error.add_note(f"worklease: releasing as abandoned failed too: {release_error!r}")
+            raise
+    await lease.release(token, mode)

@@ -19,7 +19,7 @@ from .renewal import Renewal
 if TYPE_CHECKING:
     from .lease import Lease
 
-__all__ = ["Hold"]
+__all__ = ["Hold", "finish"]
 
 
 class Hold:
@@ -132,7 +132,7 @@ class Hold:
             return False
         token = self.token
         if isinstance(exc, Retire):
-            cleanup(self._cleanup_timeout, self._finish, token, exc.state, ExitMode.RETIRED)
+            cleanup(self._cleanup_timeout, finish, self._lease, token, exc.state, ExitMode.RETIRED)
             return True
         mode = ExitMode.FINISHED if exc is None else ExitMode.ABANDONED
         try:
@@ -143,19 +143,22 @@ class Hold:
             exc.add_note(f"worklease: releasing the lease as abandoned failed: {error!r}")
         return False
 
-    def _finish(self, token: Token, state: StateLike | None, mode: ExitMode) -> None:
-        """Write the final state, then release; a failed write releases ABANDONED."""
-        if state is not None:
+
+def finish(lease: Lease, token: Token, state: StateLike | None, mode: ExitMode) -> None:
+    """Write the final state (if any), then release with ``mode``.
+
+    A failed final write releases ABANDONED instead (the last good checkpoint stays) and
+    re-raises; a fenced one releases nothing.
+    """
+    if state is not None:
+        try:
+            lease.checkpoint(token, state)
+        except FencedError:
+            raise
+        except Exception as error:
             try:
-                self._lease.checkpoint(token, state)
-            except FencedError:
-                raise
-            except Exception as error:
-                try:
-                    self._lease.release(token, ExitMode.ABANDONED)
-                except Exception as release_error:
-                    error.add_note(
-                        f"worklease: releasing as abandoned failed too: {release_error!r}"
-                    )
-                raise
-        self._lease.release(token, mode)
+                lease.release(token, ExitMode.ABANDONED)
+            except Exception as release_error:
+                error.add_note(f"worklease: releasing as abandoned failed too: {release_error!r}")
+            raise
+    lease.release(token, mode)

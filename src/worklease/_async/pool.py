@@ -1,0 +1,244 @@
+"""Pool: spread a fixed set of work IDs over every process running one."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+from datetime import timedelta
+
+from .._acompat import AEvent, AWorker, ThreadLock, acall, acancel_worker, ajoin_all, aspawn
+from .._models import Checkpoint, Token
+from .._pacing import interval, is_permanent, jittered
+from .._types import AsyncWorkFn
+from .._validation import check_work_id
+from .._window import Backoff
+from ..errors import (
+    AllSlotsDeadError,
+    ConfigError,
+    DuplicateWorkIDError,
+    EmptyWorkIDError,
+    EmptyWorkIDsError,
+    FencedError,
+    LeaseHeldError,
+    LeaseRequiredError,
+    PoolConfigError,
+    Retire,
+    WorkFnRequiredError,
+)
+from ..observers import (
+    PoolObserver,
+    SlotAcquiredEvent,
+    SlotBackoffEvent,
+    SlotDeadEvent,
+    SlotLostEvent,
+    SlotRetiredEvent,
+    notify,
+)
+from .lease import DEFAULT_CLEANUP_TIMEOUT, AsyncLease
+from .runner import AsyncRunner
+
+__all__ = ["AsyncPool"]
+
+logger = logging.getLogger("worklease")
+
+
+class AsyncPool:
+    """Runs ``work(token, prior)`` for each of a fixed set of work IDs this process can lease.
+
+    Start one pool per process over the same work IDs: together they cover the whole set, and
+    work moves to the survivors when a process dies (after its leases expire) or releases.
+    Each work ID has a slot that loops: acquire and run the work function like a runner, then
+
+    - it returned → wait ``rerun_interval`` (plus up to 20 %) and run it again;
+    - it raised ``Retire`` → the work ID is released RETIRED and the slot stops
+      (``on_slot_retired``);
+    - the lease was fenced → try to re-acquire at once (``on_slot_lost``);
+    - another holder has it → wait ``idle_interval`` (plus up to 20 %);
+    - a permanent failure (``worklease.permanent(exc)``, or any exception in the chain with a
+      ``permanent()`` method returning true) → the slot stops (``on_slot_dead``);
+    - any other failure → wait ``backoff_interval`` (``on_slot_backoff``).
+
+    ``run()`` returns when every slot stopped, raising ``AllSlotsDeadError`` if all of them
+    failed permanently. Cancelling it (asyncio) or calling ``stop()`` ends the pool
+    gracefully: every slot running its work function releases ABANDONED keeping its last
+    checkpoint (bounded by ``cleanup_timeout``) before ``run`` returns. A thread cannot be
+    interrupted: with threads, ``stop()`` wakes waiting slots at once and running work
+    functions finish first (they may poll ``pool.stopping``). ``active_slots()`` lists the work
+    IDs whose work function is running.
+    """
+
+    __module__ = "worklease"
+
+    def __init__(
+        self,
+        lease: AsyncLease,
+        work_ids: Iterable[str],
+        work: AsyncWorkFn,
+        *,
+        idle_interval: float | timedelta = 1.0,
+        rerun_interval: float | timedelta = 1.0,
+        backoff_interval: float | timedelta = 1.0,
+        cleanup_timeout: float | timedelta = DEFAULT_CLEANUP_TIMEOUT,
+        observer: PoolObserver | None = None,
+        renewal_interval: float | timedelta | None = None,
+        renewal_backoff: Backoff | None = None,
+    ) -> None:
+        if lease is None:
+            raise LeaseRequiredError("a lease is required")
+        if work is None or not callable(work):
+            raise WorkFnRequiredError("a work function is required")
+        self._work_ids = _check_work_ids(work_ids)
+        if observer is not None and not isinstance(observer, PoolObserver):
+            raise ConfigError("observer must be a PoolObserver (subclass it)")
+        self._lease = lease
+        self._work = work
+        self._idle_interval = interval(idle_interval, "idle_interval")
+        self._rerun_interval = interval(rerun_interval, "rerun_interval")
+        self._backoff_interval = interval(backoff_interval, "backoff_interval")
+        self._cleanup_timeout = interval(cleanup_timeout, "cleanup_timeout")
+        self._renewal_interval = (
+            None if renewal_interval is None else interval(renewal_interval, "renewal_interval")
+        )
+        self._renewal_backoff = renewal_backoff
+        self._observer = observer if observer is not None else PoolObserver()
+        self._lock = ThreadLock()
+        self._active: set[str] = set()
+        self._dead = 0
+        self._running = False
+        self._stop = AEvent()
+        self._workers: list[AWorker] = []
+
+    @property
+    def work_ids(self) -> tuple[str, ...]:
+        return self._work_ids
+
+    @property
+    def stopping(self) -> bool:
+        """Whether ``stop()`` was called."""
+        return self._stop.is_set()
+
+    def active_slots(self) -> frozenset[str]:
+        """A snapshot of the work IDs whose work function is running right now."""
+        with self._lock:
+            return frozenset(self._active)
+
+    def stop(self) -> None:
+        """End the pool gracefully (see the class documentation). Idempotent."""
+        self._stop.set()
+        for worker in self._workers:
+            acancel_worker(worker)
+
+    async def run(self) -> None:
+        """Run every slot until all stop; see the class documentation."""
+        with self._lock:
+            if self._running:
+                raise RuntimeError("this pool is already running")
+            self._running = True
+            self._dead = 0
+        try:
+            self._workers = [
+                aspawn(self._slot, work_id, name="worklease-pool:" + work_id)
+                for work_id in self._work_ids
+            ]
+            try:
+                await ajoin_all(self._workers)
+            except BaseException:
+                self.stop()  # graceful: running slots release before we leave
+                await ajoin_all(self._workers, self._cleanup_timeout + 1.0)
+                raise
+        finally:
+            self._workers = []
+            with self._lock:
+                self._running = False
+        if self._dead == len(self._work_ids):
+            raise AllSlotsDeadError(
+                f"every slot of the pool failed permanently ({len(self._work_ids)} work IDs)"
+            )
+
+    # -- one slot -----------------------------------------------------------------------------
+
+    async def _slot(self, work_id: str) -> None:
+        try:
+            await self._slot_loop(work_id)
+        except Exception:  # a bug must not take the other slots down silently
+            logger.exception("worklease pool slot %r failed unexpectedly", work_id)
+
+    async def _slot_loop(self, work_id: str) -> None:
+        retired = False
+
+        async def adapter(token: Token, prior: Checkpoint) -> bytes | None:
+            nonlocal retired
+            retired = False
+            notify(self._observer.on_slot_acquired, SlotAcquiredEvent(work_id, token))
+            with self._lock:
+                self._active.add(work_id)
+            try:
+                result: bytes | None = await acall(self._work, token, prior)
+                return result
+            except Retire:
+                retired = True
+                raise
+            finally:
+                with self._lock:
+                    self._active.discard(work_id)
+
+        runner = AsyncRunner(
+            self._lease,
+            adapter,
+            cleanup_timeout=self._cleanup_timeout,
+            renewal_interval=self._renewal_interval,
+            renewal_backoff=self._renewal_backoff,
+        )
+        observer = self._observer
+        while not self._stop.is_set():
+            error: Exception | None = None
+            try:
+                await runner.run(work_id)
+            except Exception as exc:
+                error = exc
+            if error is None and retired:
+                notify(observer.on_slot_retired, SlotRetiredEvent(work_id))
+                return
+            if self._stop.is_set():
+                return
+            if error is None:
+                await self._pause(jittered(self._rerun_interval))
+            elif isinstance(error, FencedError):
+                notify(observer.on_slot_lost, SlotLostEvent(work_id, error))
+            elif is_permanent(error):
+                notify(observer.on_slot_dead, SlotDeadEvent(work_id, error))
+                with self._lock:
+                    self._dead += 1
+                return
+            elif isinstance(error, LeaseHeldError):
+                await self._pause(jittered(self._idle_interval))
+            else:
+                delay = self._backoff_interval
+                notify(observer.on_slot_backoff, SlotBackoffEvent(work_id, error, delay))
+                await self._pause(delay)
+
+    async def _pause(self, seconds: float) -> None:
+        await self._stop.wait_timeout(seconds)
+
+
+def _check_work_ids(work_ids: Iterable[str]) -> tuple[str, ...]:
+    if isinstance(work_ids, str | bytes):
+        raise PoolConfigError("work_ids must be a collection of work IDs, not a single string")
+    try:
+        ids = tuple(work_ids)
+    except TypeError:
+        raise PoolConfigError("work_ids must be an iterable of work IDs") from None
+    if not ids:
+        raise EmptyWorkIDsError("a pool needs at least one work ID")
+    seen: set[str] = set()
+    for work_id in ids:
+        if work_id == "":
+            raise EmptyWorkIDError("a pool work ID must not be empty")
+        try:
+            check_work_id(work_id)
+        except (TypeError, ValueError) as exc:
+            raise PoolConfigError(f"invalid pool work ID {work_id!r}: {exc}") from None
+        if work_id in seen:
+            raise DuplicateWorkIDError(f"work ID {work_id!r} appears more than once")
+        seen.add(work_id)
+    return ids

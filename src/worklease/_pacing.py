@@ -1,0 +1,53 @@
+"""Flavour-neutral helpers for the leader and the pool: jitter, permanence, callbacks."""
+
+from __future__ import annotations
+
+import logging
+import random
+
+from ._validation import positive_seconds
+from .errors import ConfigError
+
+__all__ = ["IDLE_JITTER", "interval", "is_permanent", "jittered"]
+
+logger = logging.getLogger("worklease")
+
+IDLE_JITTER = 0.2
+"""Idle and rerun waits are drawn uniformly from [base, base * (1 + IDLE_JITTER))."""
+
+
+def jittered(base: float) -> float:
+    """A wait of ``base`` seconds stretched by up to 20 % (0 stays 0)."""
+    if base <= 0:
+        return 0.0
+    return base * random.uniform(1.0, 1.0 + IDLE_JITTER)
+
+
+def interval(value: object, name: str) -> float:
+    """A positive, finite duration in seconds, or ConfigError."""
+    try:
+        return positive_seconds(value, name)
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(str(exc)) from None
+
+
+def is_permanent(error: BaseException) -> bool:
+    """Whether ``error``, or an exception it was raised from, says it is permanent.
+
+    Any exception with a ``permanent()`` method returning true qualifies (``PermanentError``
+    and ``worklease.permanent(exc)`` among them); the ``__cause__``/``__context__`` chain is
+    searched.
+    """
+    seen: set[int] = set()
+    current: BaseException | None = error
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        check = getattr(current, "permanent", None)
+        if callable(check):
+            try:
+                if check():
+                    return True
+            except Exception:
+                logger.exception("permanent() of %r raised; treated as not permanent", current)
+        current = current.__cause__ or current.__context__
+    return False

@@ -1,0 +1,209 @@
+# Generated from src/worklease/_async/leader.py by scripts/unasync.py -- do not edit.
+# Change the async source and run "python scripts/unasync.py".
+
+"""Leader election on top of a lease."""
+
+from __future__ import annotations
+
+import logging
+from datetime import timedelta
+
+from .._acompat import Event, call, cleanup
+from .._models import ExitMode, Token
+from .._pacing import interval, jittered
+from .._types import TokenCallback
+from .._validation import check_work_id
+from .._window import Backoff
+from ..errors import (
+    ConfigError,
+    FencedError,
+    LeaseHeldError,
+    LeaseRequiredError,
+    Retire,
+    WorkFnRequiredError,
+)
+from .hold import finish
+from .lease import DEFAULT_CLEANUP_TIMEOUT, DEFAULT_POLL_INTERVAL, Lease
+
+__all__ = ["Leader"]
+
+logger = logging.getLogger("worklease")
+
+
+class Leader:
+    """Elects one leader for ``work_id`` among every process running this code.
+
+    ``run(fn)`` makes one election attempt: when this process wins, ``on_elected(token)`` is
+    called, the lease is renewed while ``fn(token)`` runs (pass ``token.fencing_token`` to the
+    systems ``fn`` writes to), and the lease is released afterwards: FINISHED when ``fn``
+    returns, RETIRED on ``Retire`` (its ``state``, if any, written first), ABANDONED on
+    another exception (which ``run`` re-raises).
+    ``on_relinquished(token)`` follows a FINISHED or RETIRED release; ``on_lost(token)`` is
+    called when the lease was lost during the term (fenced or window exhausted; never for an
+    outside cancellation), and nothing is released then.
+
+    Pacing: when somebody else leads, ``run`` waits ``idle_interval`` (plus up to 20 %) and
+    raises ``LeaseHeldError``; after another acquire error, and after every term that did not
+    end fenced, it waits ``backoff_interval``. Cancellation ends any wait at once; so does
+    ``stop()``. ``run_forever(fn)`` stands for election again after each term or attempt until
+    cancelled or stopped; an exception from ``fn`` is logged and ends only that term.
+
+    Callbacks run in the electing task or thread; exceptions they raise are logged.
+    """
+
+    __module__ = "worklease"
+
+    def __init__(
+        self,
+        lease: Lease,
+        work_id: str,
+        *,
+        idle_interval: float | timedelta = 1.0,
+        backoff_interval: float | timedelta = 1.0,
+        cleanup_timeout: float | timedelta = DEFAULT_CLEANUP_TIMEOUT,
+        on_elected: TokenCallback | None = None,
+        on_lost: TokenCallback | None = None,
+        on_relinquished: TokenCallback | None = None,
+        acquire_wait: bool = False,
+        poll_interval: float | timedelta = DEFAULT_POLL_INTERVAL,
+        renewal_interval: float | timedelta | None = None,
+        renewal_backoff: Backoff | None = None,
+    ) -> None:
+        if lease is None:
+            raise LeaseRequiredError("a lease is required")
+        try:
+            check_work_id(work_id)
+        except (TypeError, ValueError) as exc:
+            raise ConfigError(str(exc)) from None
+        for name, callback in (
+            ("on_elected", on_elected),
+            ("on_lost", on_lost),
+            ("on_relinquished", on_relinquished),
+        ):
+            if callback is not None and not callable(callback):
+                raise ConfigError(f"{name} must be callable")
+        self._lease = lease
+        self._work_id = work_id
+        self._idle_interval = interval(idle_interval, "idle_interval")
+        self._backoff_interval = interval(backoff_interval, "backoff_interval")
+        self._cleanup_timeout = interval(cleanup_timeout, "cleanup_timeout")
+        self._poll_interval = interval(poll_interval, "poll_interval")
+        self._renewal_interval = (
+            None if renewal_interval is None else interval(renewal_interval, "renewal_interval")
+        )
+        self._renewal_backoff = renewal_backoff
+        self._acquire_wait = acquire_wait
+        self._on_elected = on_elected
+        self._on_lost = on_lost
+        self._on_relinquished = on_relinquished
+        self._stop = Event()
+
+    @property
+    def work_id(self) -> str:
+        return self._work_id
+
+    @property
+    def stopping(self) -> bool:
+        """Whether ``stop()`` was called (a long-running term may poll it to end early)."""
+        return self._stop.is_set()
+
+    def stop(self) -> None:
+        """Stop standing for election: waits end at once; a term in progress finishes first."""
+        self._stop.set()
+
+    def run_forever(self, fn: TokenCallback) -> None:
+        """Stand for election, term after term, until cancelled or ``stop()``."""
+        _check_fn(fn)
+        while not self._stop.is_set():
+            try:
+                self.run(fn)
+            except (LeaseHeldError, FencedError):
+                pass  # somebody else leads, or we were fenced: stand again (run paced itself)
+            except Exception:
+                logger.exception("worklease leader term for %r failed", self._work_id)
+
+    def run(self, fn: TokenCallback) -> None:
+        """One election attempt; see the class documentation."""
+        _check_fn(fn)
+        lease = self._lease
+        try:
+            token = lease.acquire(
+                self._work_id, wait=self._acquire_wait, poll_interval=self._poll_interval
+            )
+        except LeaseHeldError:
+            self._pause(jittered(self._idle_interval))
+            raise
+        except Exception:
+            self._pause(self._backoff_interval)
+            raise
+        self._callback(self._on_elected, token)
+        renewal = lease.renewal(
+            token, interval=self._renewal_interval, backoff=self._renewal_backoff
+        )
+        error: BaseException | None = None
+        try:
+            with renewal:
+                call(fn, token)
+        except BaseException as exc:
+            error = exc
+        cause = renewal.cause
+        if error is cause:
+            error = None  # the block raised the loss itself
+        if cause is not None and (error is None or isinstance(error, Exception)):
+            self._callback(self._on_lost, token)
+        if isinstance(error, FencedError):
+            raise error
+        if isinstance(cause, FencedError):
+            raise _loss(cause)
+        if cause is not None:  # lapsed or window exhausted: record nothing
+            if error is not None and not isinstance(error, Exception):
+                raise error
+            self._pause(self._backoff_interval)
+            raise error if error is not None else _loss(cause)
+        self._relinquish(token, error)
+
+    def _relinquish(self, token: Token, error: BaseException | None) -> None:
+        if error is None:
+            mode = ExitMode.FINISHED
+        elif isinstance(error, Retire):
+            mode = ExitMode.RETIRED
+        else:
+            mode = ExitMode.ABANDONED
+        state = error.state if isinstance(error, Retire) else None
+        try:
+            cleanup(self._cleanup_timeout, finish, self._lease, token, state, mode)
+        except FencedError:
+            raise
+        except Exception as release_error:
+            if error is not None and not isinstance(error, Retire):
+                error.add_note(f"worklease: releasing leadership failed: {release_error!r}")
+                raise error from None
+            self._pause(self._backoff_interval)
+            raise
+        if mode is not ExitMode.ABANDONED:
+            self._callback(self._on_relinquished, token)
+        if error is not None and not isinstance(error, Exception):
+            raise error  # cancellation or interrupt: no pause
+        self._pause(self._backoff_interval)
+        if error is not None and not isinstance(error, Retire):
+            raise error
+
+    def _pause(self, seconds: float) -> None:
+        self._stop.wait(seconds)
+
+    def _callback(self, callback: TokenCallback | None, token: Token) -> None:
+        if callback is None:
+            return
+        try:
+            call(callback, token)
+        except Exception:
+            logger.exception("worklease leader callback %r raised", callback)
+
+
+def _check_fn(fn: object) -> None:
+    if fn is None or not callable(fn):
+        raise WorkFnRequiredError("a leader function is required")
+
+
+def _loss(cause: BaseException) -> BaseException:
+    return cause.with_traceback(None)
