@@ -293,6 +293,22 @@ def check_async_paths(text: str, source: str) -> list[str]:
     ]
 
 
+_ENTRY_POINT_RE = re.compile(r"^(?P<indent>[ \t]*)asyncio\.run\((?P<main>\w+)\(\)\)[ \t]*$", re.M)
+_IMPORT_ASYNCIO_RE = re.compile(r"^import asyncio[ \t]*\n", re.M)
+
+
+def strip_entry_point(text: str) -> str:
+    """Turn an example's ``asyncio.run(main())`` into ``main()``.
+
+    The ``import asyncio`` line goes too when nothing else uses asyncio; any other use is
+    left for the guards to reject.
+    """
+    text, count = _ENTRY_POINT_RE.subn(r"\g<indent>\g<main>()", text)
+    if count and text.count("asyncio") == 1:
+        text = _IMPORT_ASYNCIO_RE.sub("", text)
+    return text
+
+
 def flip_is_sync(text: str, source: str) -> str:
     """Turn the module's ``_IS_SYNC = False`` into ``_IS_SYNC = True``."""
     uses = [t for t in _name_tokens(text, source) if t.string == "_IS_SYNC"]
@@ -439,7 +455,7 @@ def generate_text(
             return result
         unasyncer = Unasyncer(replacements)
         result.errors += check_fstrings(source_text, src, unasyncer)
-        body = flip_is_sync(unasyncer.transform(source_text), src)
+        body = flip_is_sync(unasyncer.transform(strip_entry_point(source_text)), src)
         result.used = unasyncer.used
         result.errors += guard_output(body, src, unasyncer, allowed)
         result.errors += check_async_paths(body, src)
