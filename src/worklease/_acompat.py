@@ -140,17 +140,35 @@ def call(fn: Callable[..., T], *args: Any) -> T:
 
 
 async def abounded(timeout: float | None, fn: Callable[..., Awaitable[T]], *args: Any) -> T:
-    """Await ``fn(*args)`` with a time bound; ``TimeoutError`` when it elapses (the call is
-    cancelled). ``None`` means no bound."""
+    """Await ``fn(*args)`` for at most ``timeout`` seconds (``None``: no bound).
+
+    On timeout the call is abandoned at once: it is cancelled in the background (a driver may
+    take its time to cancel a query; nobody waits for it) and ``TimeoutError`` is raised.
+    """
     if timeout is None:
         return await fn(*args)
-    async with asyncio.timeout(max(timeout, 0.0)):
-        return await fn(*args)
+    task = asyncio.ensure_future(fn(*args))
+    try:
+        done, _ = await asyncio.wait((task,), timeout=max(timeout, 0.0))
+    except asyncio.CancelledError:
+        task.cancel()
+        task.add_done_callback(_retrieve)
+        raise
+    if not done:
+        task.cancel()
+        task.add_done_callback(_retrieve)
+        raise TimeoutError(f"call did not finish within {timeout:g}s")
+    return task.result()
+
+
+def _retrieve(task: asyncio.Future[Any]) -> None:
+    if not task.cancelled():
+        task.exception()  # an abandoned call's failure is not news to anybody
 
 
 def bounded(timeout: float | None, fn: Callable[..., T], *args: Any) -> T:
-    """A thread cannot abandon a blocking call: the call runs unbounded (backends bound their
-    own statements)."""
+    """A thread cannot abandon a blocking call: the call runs unbounded (the lease window is
+    still decided by the clock, and backends bound their own statements)."""
     return fn(*args)
 
 
@@ -168,7 +186,11 @@ async def acleanup(timeout: float, fn: Callable[..., Coroutine[Any, Any, T]], *a
         left = deadline - loop.time()
         if left <= 0:
             task.cancel()
-            raise TimeoutError(f"cleanup did not finish within {timeout:g}s")
+            task.add_done_callback(_retrieve)
+            expired = TimeoutError(f"cleanup did not finish within {timeout:g}s")
+            if cancelled:  # the outside cancellation wins over our own timeout
+                raise asyncio.CancelledError from expired
+            raise expired
         try:
             await asyncio.wait((task,), timeout=left)
         except asyncio.CancelledError:
@@ -181,8 +203,28 @@ async def acleanup(timeout: float, fn: Callable[..., Coroutine[Any, Any, T]], *a
 
 
 def cleanup(timeout: float, fn: Callable[..., T], *args: Any) -> T:
-    """Final writes in a thread run to completion; statement timeouts bound them."""
-    return fn(*args)
+    """Run final writes ``fn(*args)`` in a helper thread, waiting at most ``timeout`` seconds.
+
+    On timeout ``TimeoutError`` is raised and the writes are left to finish (or fail) on
+    their own: each is a single atomic statement, so nothing is half-written.
+    """
+    outcome: list[Any] = []
+
+    def target() -> None:
+        try:
+            outcome.append((True, fn(*args)))
+        except BaseException as exc:
+            outcome.append((False, exc))
+
+    thread = threading.Thread(target=target, name="worklease-cleanup", daemon=True)
+    thread.start()
+    thread.join(timeout)
+    if not outcome:
+        raise TimeoutError(f"cleanup did not finish within {timeout:g}s")
+    ok, value = outcome[0]
+    if not ok:
+        raise value
+    return cast(T, value)
 
 
 # -- cancelling the body of a renewal -------------------------------------------------------

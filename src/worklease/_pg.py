@@ -40,8 +40,8 @@ _MISSING_SCHEMA_HINT = (
 def check_schema_name(schema: object) -> str | None:
     if schema is None:
         return None
-    if not isinstance(schema, str) or not schema or "\x00" in schema:
-        raise ConfigError(f"schema must be a non-empty string without NUL, got {schema!r}")
+    if not isinstance(schema, str) or not schema or "\x00" in schema or "%" in schema:
+        raise ConfigError(f"schema must be a non-empty string without NUL or '%', got {schema!r}")
     return schema
 
 
@@ -108,9 +108,13 @@ class Statements:
     WHERE l.expires_at < now()
     RETURNING fencing_token, expires_at
 )
-SELECT true, fencing_token, expires_at, NULL::text FROM granted
+SELECT true, fencing_token, expires_at, NULL::text, current_schema() FROM granted
 UNION ALL
-SELECT false, NULL::bigint, expires_at, holder_id FROM {table}
+SELECT false, NULL::bigint,
+       CASE WHEN expires_at >= now() THEN expires_at END,
+       CASE WHEN expires_at >= now() THEN holder_id END,
+       current_schema()
+FROM {table}
 WHERE work_id = %(work_id)s AND NOT EXISTS (SELECT 1 FROM granted)"""
         )
         self.checkpoint = build(
@@ -176,12 +180,14 @@ WHERE updated_at < now() - %(retention)s
     @staticmethod
     def acquired(rows: list[tuple[Any, ...]], work_id: str, holder_id: str) -> Token:
         if rows and rows[0][0]:
-            _, fencing_token, expires_at, _ = rows[0]
+            _, fencing_token, expires_at, _, _ = rows[0]
             return Token(work_id, holder_id, int(fencing_token), _utc(expires_at))
-        if rows:
-            _, _, expires_at, current_holder = rows[0]
+        if rows and rows[0][2] is not None:
+            _, _, expires_at, current_holder, _ = rows[0]
             raise held(work_id, current_holder, _utc(expires_at))
-        raise held(work_id, None, None)  # inserted concurrently, not yet visible to us
+        # Somebody acquired it concurrently: the row as this statement saw it names the
+        # previous holder (or no row yet), not the winner, so report no holder at all.
+        raise held(work_id, None, None)
 
     @staticmethod
     def written(rows: list[tuple[Any, ...]], token: Token, operation: str) -> None:
@@ -214,7 +220,7 @@ _TRANSIENT = (
     psycopg.InterfaceError,  # the connection was closed under us
 )
 
-_SCHEMA_ERROR = re.compile(r'relation "[^"]*worklease_leases" does not exist')
+_SCHEMA_ERROR = re.compile(r'worklease_leases" does not exist')
 
 
 def map_error(error: psycopg.Error, operation: str) -> BackendError:

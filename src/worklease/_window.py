@@ -74,7 +74,7 @@ class Backoff:
 class TokenSeal:
     """The lease-private part of a token: who issued it, and its renewal state."""
 
-    __slots__ = ("fields", "issuer", "stop_renewal", "window", "window_end")
+    __slots__ = ("fields", "given_up", "issuer", "stop_renewal", "window", "window_end")
 
     def __init__(self, issuer: object, token: Token, window_end: float) -> None:
         self.issuer = issuer
@@ -83,7 +83,9 @@ class TokenSeal:
         """Best known monotonic instant up to which the lease is held."""
         self.window: LeaseWindow | None = None
         """The window of the most recent renewal, kept after it stops (its loss latches)."""
-        self.stop_renewal: Callable[[], None] | None = None
+        self.stop_renewal: Callable[[], object] | None = None
+        self.given_up = False
+        """The holder released or forgot the lease through the lease object."""
 
     def lost_cause(self) -> LeaseLostError | None:
         window = self.window
@@ -96,12 +98,13 @@ class TokenSeal:
         if window is not None:
             window.extend(call_start, ttl)
 
-    def attach(self, window: LeaseWindow, stop: Callable[[], None]) -> None:
+    def attach(self, window: LeaseWindow, stop: Callable[[], object]) -> None:
         self.window = window
         self.stop_renewal = stop
 
     def finished(self) -> None:
-        """The holder released or forgot the lease: a renewal still running must stop."""
+        """The holder releases or forgets the lease: a renewal still running must stop."""
+        self.given_up = True
         stop = self.stop_renewal
         if stop is not None:
             stop()
@@ -220,11 +223,6 @@ class LeaseWindow:
             self._trying_since = None
             return True
 
-    def give_up(self) -> None:
-        """A renewal cycle ended without success or loss (stopped): no longer trying."""
-        with self._lock:
-            self._trying_since = None
-
     def extend(self, call_start: float, ttl: float) -> None:
         """A write outside the renewal (checkpoint, renew) extended the lease."""
         with self._lock:
@@ -249,9 +247,24 @@ class LeaseWindow:
     def window_closed(self, now: float) -> bool:
         return now >= self._end
 
-    def stop(self) -> None:
+    def stop(self, now: float | None = None) -> LeaseLostError | None:
+        """Stop tracking; return the final cause, decided atomically with the stop."""
         with self._lock:
+            cause = self._check(monotonic() if now is None else now)
             self._stopped = True
+            return cause
+
+    def start(self, end: float) -> None:
+        """The renewal starts: take the latest known window end."""
+        with self._lock:
+            self._end = max(self._end, end)
+
+
+def fresh(cause: LeaseLostError) -> LeaseLostError:
+    """The recorded loss, ready to raise again: the same object (``renewal.cause`` is what
+    gets raised), with the traceback of its previous raise dropped."""
+    cause.__suppress_context__ = True
+    return cause.with_traceback(None)
 
 
 def chain_loss(error: BaseException, cause: LeaseLostError, *, cancelled: bool = False) -> None:

@@ -37,7 +37,9 @@ class JSONCodec(Generic[T]):
     ``None``) and dataclass instances (as objects), and decodes to plain JSON values. With a
     dataclass ``cls`` it decodes into an instance of it, building nested dataclass fields
     (also inside ``list``/``tuple``/``dict`` and optional annotations) from their type hints.
-    Unknown keys raise ``ValueError``; so do values that cannot be decoded.
+    Unknown keys raise ``ValueError``; so do values that cannot be decoded. Scalar field values
+    are passed through as JSON decoded them (not type-checked); use a validating codec
+    (pydantic, msgspec) behind the ``Codec`` protocol when you need that.
     """
 
     __module__ = "worklease"

@@ -46,6 +46,12 @@ class FakeClock:
     Starts at ``start`` (a timezone-aware datetime) or at the current UTC time, and moves
     only through :meth:`advance` and :meth:`set`. Pass it to the in-memory backend as
     ``clock=``.
+
+    Renewals track the lease window on the real monotonic clock, starting from the earlier of
+    the token's expiry and the acquire call plus the TTL. A fake clock set far in the past
+    makes tokens look already expired to the renewal (``remaining()`` is 0 at once); one
+    advanced far ahead changes nothing for it. Expire leases by advancing the clock after
+    acquiring, as the tests of this package do.
     """
 
     def __init__(self, start: datetime | None = None) -> None:

@@ -12,6 +12,7 @@ from typing import Any
 
 import psycopg
 import pytest
+from psycopg import AsyncConnection
 from psycopg.pq import TransactionStatus
 from psycopg_pool import AsyncConnectionPool
 
@@ -561,3 +562,34 @@ async def test_least_privilege_role_from_the_readme(postgres_dsn: str) -> None:
     finally:
         pg.execute(postgres_dsn, f"DROP OWNED BY {role}")
         pg.execute(postgres_dsn, f"DROP ROLE {role}")
+
+
+async def test_renewals_follow_the_application_pools_search_path(postgres_dsn: str) -> None:
+    """An application pool that sets search_path in configure: renewals hit the same table."""
+    pg.reset(postgres_dsn)
+    schema = "wl_search_path"
+    pg.execute(postgres_dsn, f"DROP SCHEMA IF EXISTS {schema} CASCADE")
+
+    async def configure(conn: AsyncConnection[Any]) -> None:
+        await conn.execute(f"SET search_path TO {schema}")
+        await conn.commit()
+
+    try:
+        async with AsyncConnectionPool(
+            postgres_dsn, min_size=1, max_size=2, open=False, configure=configure
+        ) as pool:
+            await AsyncPostgresBackend.apply_schema(pool, schema=schema)
+            async with AsyncPostgresBackend(pool) as backend:
+                lease = AsyncLease(backend, holder_id="holder-a", ttl=1.0)
+                token = await lease.acquire("pathed")
+                query = f"SELECT updated_at FROM {schema}.worklease_leases WHERE work_id = 'pathed'"
+                (acquired_at,) = pg.execute(postgres_dsn, query)[0]
+                async with lease.renewal(token, interval=0.1) as renewal:
+                    await asleep(0.6)
+                    renewal.raise_if_lost()
+                assert not renewal.lost
+                (renewed_at,) = pg.execute(postgres_dsn, query)[0]
+                assert renewed_at > acquired_at
+        assert pg.execute(postgres_dsn, "SELECT count(*) FROM worklease_leases") == [(0,)]
+    finally:
+        pg.execute(postgres_dsn, f"DROP SCHEMA IF EXISTS {schema} CASCADE")

@@ -15,6 +15,7 @@ from typing import Any
 
 import psycopg
 import pytest
+from psycopg import Connection
 from psycopg.pq import TransactionStatus
 from psycopg_pool import ConnectionPool
 
@@ -554,3 +555,34 @@ def test_least_privilege_role_from_the_readme(postgres_dsn: str) -> None:
     finally:
         pg.execute(postgres_dsn, f"DROP OWNED BY {role}")
         pg.execute(postgres_dsn, f"DROP ROLE {role}")
+
+
+def test_renewals_follow_the_application_pools_search_path(postgres_dsn: str) -> None:
+    """An application pool that sets search_path in configure: renewals hit the same table."""
+    pg.reset(postgres_dsn)
+    schema = "wl_search_path"
+    pg.execute(postgres_dsn, f"DROP SCHEMA IF EXISTS {schema} CASCADE")
+
+    def configure(conn: Connection[Any]) -> None:
+        conn.execute(f"SET search_path TO {schema}")
+        conn.commit()
+
+    try:
+        with ConnectionPool(
+            postgres_dsn, min_size=1, max_size=2, open=False, configure=configure
+        ) as pool:
+            PostgresBackend.apply_schema(pool, schema=schema)
+            with PostgresBackend(pool) as backend:
+                lease = Lease(backend, holder_id="holder-a", ttl=1.0)
+                token = lease.acquire("pathed")
+                query = f"SELECT updated_at FROM {schema}.worklease_leases WHERE work_id = 'pathed'"
+                (acquired_at,) = pg.execute(postgres_dsn, query)[0]
+                with lease.renewal(token, interval=0.1) as renewal:
+                    sleep(0.6)
+                    renewal.raise_if_lost()
+                assert not renewal.lost
+                (renewed_at,) = pg.execute(postgres_dsn, query)[0]
+                assert renewed_at > acquired_at
+        assert pg.execute(postgres_dsn, "SELECT count(*) FROM worklease_leases") == [(0,)]
+    finally:
+        pg.execute(postgres_dsn, f"DROP SCHEMA IF EXISTS {schema} CASCADE")

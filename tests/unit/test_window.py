@@ -70,13 +70,6 @@ def test_begin_attempt_keeps_the_first_start() -> None:
     assert isinstance(window.cause(now=101.0), LeaseWindowExhaustedError)
 
 
-def test_give_up_clears_trying() -> None:
-    window = LeaseWindow(_token(), end=100.0)
-    window.begin_attempt(95.0)
-    window.give_up()
-    assert window.cause(now=200.0) is None
-
-
 def test_renewed_extends_and_clears_trying() -> None:
     now = monotonic()
     window = LeaseWindow(_token(), end=now + 10.0)
@@ -135,10 +128,18 @@ def test_lose_by_window_chains_the_last_error() -> None:
 def test_stop_makes_remaining_none_and_prevents_latching() -> None:
     window = LeaseWindow(_token(), end=100.0)
     window.begin_attempt(95.0)
-    window.stop()
+    assert window.stop(now=96.0) is None
     assert window.stopped
     assert window.remaining(now=96.0) is None
     assert window.cause(now=500.0) is None
+
+
+def test_stop_returns_a_loss_decided_before_it() -> None:
+    window = LeaseWindow(_token(), end=100.0)
+    window.begin_attempt(95.0)
+    cause = window.stop(now=101.0)  # the window closed mid-attempt before the stop
+    assert isinstance(cause, LeaseWindowExhaustedError)
+    assert window.cause(now=500.0) is cause
 
 
 def test_extend_only_while_held() -> None:

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 
 from .._acompat import acleanup
 from .._models import Checkpoint, ExitMode, Token
-from .._window import Backoff
+from .._window import Backoff, fresh
 from ..errors import FencedError, Retire
 from .backend import StateLike
 from .renewal import AsyncRenewal
@@ -32,7 +32,8 @@ class AsyncHold:
     - any other exception, and cancellation → ABANDONED (the last checkpoint stays), and the
       exception propagates;
     - the lease was lost, or the block raised ``FencedError`` → nothing is written (the
-      successor sees EXPIRED); the loss propagates.
+      successor sees EXPIRED); the loss propagates (also when the block raised ``Retire``);
+    - the block already released or forgot the lease itself → nothing more is written.
 
     The final writes are bounded by ``cleanup_timeout`` seconds and survive a cancellation
     that arrives meanwhile. If reading the checkpoint fails, nothing is released (the lease
@@ -125,9 +126,14 @@ class AsyncHold:
     ) -> bool:
         renewal = self.renewal
         await renewal.__aexit__(exc_type, exc, tb)  # raises the loss cause when lost
-        if renewal.lost or isinstance(exc, FencedError):
+        cause = renewal.cause
+        if cause is not None:
+            if isinstance(exc, Retire):  # nothing was recorded: not a success
+                raise fresh(cause) from exc
             return False
         token = self.token
+        if isinstance(exc, FencedError) or self._lease._given_up(token):
+            return False  # a zombie records nothing; a lease given up in the block is done
         if isinstance(exc, Retire):
             await acleanup(
                 self._cleanup_timeout, finish, self._lease, token, exc.state, ExitMode.RETIRED

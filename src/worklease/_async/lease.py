@@ -16,7 +16,7 @@ from .._validation import (
     state_size,
     to_seconds,
 )
-from .._window import Backoff, TokenSeal, monotonic, seal_token, unseal
+from .._window import Backoff, TokenSeal, fresh, monotonic, seal_token, unseal
 from ..errors import BackendRequiredError, ConfigError, FencedError, LeaseHeldError
 from ..observers import (
     AcquireEvent,
@@ -184,7 +184,7 @@ class AsyncLease:
         seal = unseal(token, self._backend)
         cause = seal.lost_cause()
         if cause is not None:
-            raise cause.with_traceback(None)
+            raise fresh(cause)
         return seal
 
     def _report_fenced(self, token: Token, operation: Operation, error: BaseException) -> None:
@@ -312,6 +312,13 @@ class AsyncLease:
     ) -> AsyncHold:
         """Hold ``work_id`` for the duration of a ``with`` block (see the hold class)."""
         check_work_id(work_id)
+        positive_seconds(poll_interval, "poll_interval")
+        if timeout is not None and not wait:
+            raise ValueError("timeout applies to a waiting acquire: pass wait=True")
+        if interval is not None:
+            positive_seconds(interval, "interval")
+        if backoff is not None and not isinstance(backoff, Backoff):
+            raise TypeError(f"backoff must be a Backoff, not {type(backoff).__name__}")
         return AsyncHold(
             self,
             work_id,
@@ -322,3 +329,7 @@ class AsyncLease:
             backoff=backoff,
             cleanup_timeout=positive_seconds(cleanup_timeout, "cleanup_timeout"),
         )
+
+    def _given_up(self, token: Token) -> bool:
+        """Whether the holder already released or forgot ``token`` through this lease."""
+        return unseal(token, self._backend).given_up

@@ -7,7 +7,7 @@ from types import TracebackType
 from typing import Any
 
 import psycopg
-from psycopg import AsyncClientCursor, AsyncConnection
+from psycopg import AsyncClientCursor, AsyncConnection, sql
 from psycopg.rows import tuple_row
 from psycopg_pool import AsyncConnectionPool
 
@@ -21,7 +21,9 @@ from .backend import StateLike
 
 __all__ = ["AsyncPostgresBackend"]
 
-_RENEWAL_POOL_SIZE = 2
+_CURRENT_SCHEMA = sql.SQL("SET TRANSACTION ISOLATION LEVEL READ COMMITTED; SELECT current_schema()")
+
+_RENEWAL_POOL_SIZE = 4
 
 
 class AsyncPostgresBackend:
@@ -34,8 +36,9 @@ class AsyncPostgresBackend:
 
     Every operation is a single statement sent in one round trip in autocommit mode, pinned to
     READ COMMITTED; expiry is decided by the database clock. Renewals use a small private pool
-    (up to two connections, built from the application pool's settings) so they keep working
-    when the application exhausts its own pool; each renewal statement is bounded by a
+    (up to four connections, built from the application pool's conninfo and kwargs, on the
+    schema the application's connections resolve) so they keep working when the application
+    exhausts its own pool; each renewal statement is bounded by a
     ``statement_timeout`` of one TTL. Driver errors are raised as ``BackendError`` (with
     ``transient`` set for connection loss, restarts, timeouts, serialization failures and pool
     timeouts), chained to the driver's exception.
@@ -54,6 +57,7 @@ class AsyncPostgresBackend:
         self._statements = Statements(check_schema_name(schema))
         self._owns_pool = False
         self._renewal_pool: AsyncConnectionPool[Any] | None = None
+        self._renewal_statements: Statements | None = None
         self._lock = ThreadLock()
         self._closed = False
 
@@ -167,6 +171,27 @@ class AsyncPostgresBackend:
             await pool.open()
         return pool
 
+    def _learn_schema(self, schema: str | None) -> None:
+        """Fix the table renewals use to the schema the application's connections resolve.
+
+        The renewal pool copies the application pool's conninfo and kwargs but not its
+        ``configure`` callback, so an unqualified table name could resolve elsewhere through
+        another ``search_path``. The acquire statement reports ``current_schema()``.
+        """
+        if self._statements.schema is not None or not schema:
+            self._renewal_statements = self._statements
+        else:
+            self._renewal_statements = Statements(schema)
+
+    async def _renewal_target(self) -> Statements:
+        statements = self._renewal_statements
+        if statements is None:  # a renewal before any acquire through this backend
+            rows, _ = await self._run("renew", _CURRENT_SCHEMA, {})
+            self._learn_schema(rows[0][0] if rows else None)
+            statements = self._renewal_statements
+            assert statements is not None
+        return statements
+
     async def _run(
         self,
         operation: str,
@@ -216,6 +241,8 @@ class AsyncPostgresBackend:
                 "ttl": statements.ttl(to_seconds(ttl, "ttl")),
             },
         )
+        if self._renewal_statements is None and rows:
+            self._learn_schema(rows[0][4])  # free: the acquire statement reports it
         return statements.acquired(rows, work_id, holder_id)
 
     async def read_checkpoint(self, token: Token) -> Checkpoint:
@@ -233,7 +260,7 @@ class AsyncPostgresBackend:
         statements.written(rows, token, "checkpoint")
 
     async def renew(self, token: Token, ttl: float) -> None:
-        statements = self._statements
+        statements = await self._renewal_target()
         seconds = to_seconds(ttl, "ttl")
         params = statements.owned(token)
         params["ttl"] = statements.ttl(seconds)

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 from .._acompat import AEvent, AHostCanceller, AWorker, acancel_worker, aspawn
 from .._context import _current
 from .._models import Token
-from .._window import Backoff, LeaseWindow, TokenSeal, chain_loss, monotonic
+from .._window import Backoff, LeaseWindow, TokenSeal, chain_loss, fresh, monotonic
 from ..errors import LeaseExpiredError, LeaseLapsedError, LeaseLostError
 
 if TYPE_CHECKING:
@@ -92,7 +92,7 @@ class AsyncRenewal:
         """Raise the loss cause if the lease was lost; otherwise do nothing."""
         cause = self._window.cause()
         if cause is not None:
-            raise cause.with_traceback(None)
+            raise fresh(cause)
 
     def stop(self) -> None:
         """Stop renewing, without waiting for an attempt in flight. Idempotent."""
@@ -112,6 +112,7 @@ class AsyncRenewal:
         if self._entered:
             raise RuntimeError("a renewal runs once; ask the lease for a new one")
         self._entered = True
+        self._window.start(self._seal.window_end)
         self._seal.attach(self._window, self.stop)
         self._canceller.bind()
         self._context = _current.set(self)
@@ -124,7 +125,7 @@ class AsyncRenewal:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        cause = self._window.cause()
+        cause = self._window.stop()  # the final verdict, decided atomically with the stop
         self.stop()
         if self._context is not None:
             _current.reset(self._context)
@@ -132,14 +133,13 @@ class AsyncRenewal:
         requested = self._canceller.requested
         ours = self._canceller.consume(exc)
         if cause is not None and ours:
-            cause.__suppress_context__ = True  # hide our own CancelledError, keep __cause__
-            raise cause.with_traceback(None)
+            raise fresh(cause)  # replaces our own CancelledError
         if exc is not None:
             if cause is not None:
                 chain_loss(exc, cause, cancelled=requested)
             return
         if cause is not None:
-            raise cause.with_traceback(None)
+            raise fresh(cause)
 
     # -- the background loop ------------------------------------------------------------------
 

@@ -64,6 +64,10 @@ class AsyncRunner:
             )
         except (TypeError, ValueError) as exc:
             raise ConfigError(str(exc)) from None
+        if renewal_backoff is not None and not isinstance(renewal_backoff, Backoff):
+            raise ConfigError(
+                f"renewal_backoff must be a Backoff, not {type(renewal_backoff).__name__}"
+            )
         if acquire_timeout is not None and not acquire_wait:
             raise ConfigError("acquire_timeout applies only with acquire_wait=True")
         self._lease = lease

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 from .._acompat import Event, HostCanceller, Worker, cancel_worker, spawn
 from .._context import _current
 from .._models import Token
-from .._window import Backoff, LeaseWindow, TokenSeal, chain_loss, monotonic
+from .._window import Backoff, LeaseWindow, TokenSeal, chain_loss, fresh, monotonic
 from ..errors import LeaseExpiredError, LeaseLapsedError, LeaseLostError
 
 if TYPE_CHECKING:
@@ -95,7 +95,7 @@ class Renewal:
         """Raise the loss cause if the lease was lost; otherwise do nothing."""
         cause = self._window.cause()
         if cause is not None:
-            raise cause.with_traceback(None)
+            raise fresh(cause)
 
     def stop(self) -> None:
         """Stop renewing, without waiting for an attempt in flight. Idempotent."""
@@ -115,6 +115,7 @@ class Renewal:
         if self._entered:
             raise RuntimeError("a renewal runs once; ask the lease for a new one")
         self._entered = True
+        self._window.start(self._seal.window_end)
         self._seal.attach(self._window, self.stop)
         self._canceller.bind()
         self._context = _current.set(self)
@@ -127,7 +128,7 @@ class Renewal:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        cause = self._window.cause()
+        cause = self._window.stop()  # the final verdict, decided atomically with the stop
         self.stop()
         if self._context is not None:
             _current.reset(self._context)
@@ -135,14 +136,13 @@ class Renewal:
         requested = self._canceller.requested
         ours = self._canceller.consume(exc)
         if cause is not None and ours:
-            cause.__suppress_context__ = True  # hide our own CancelledError, keep __cause__
-            raise cause.with_traceback(None)
+            raise fresh(cause)  # replaces our own CancelledError
         if exc is not None:
             if cause is not None:
                 chain_loss(exc, cause, cancelled=requested)
             return
         if cause is not None:
-            raise cause.with_traceback(None)
+            raise fresh(cause)
 
     # -- the background loop ------------------------------------------------------------------
 
