@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
+from datetime import UTC, datetime
+from time import sleep
 
 import pytest
+from psycopg_pool import ConnectionPool
 
 from tests import pg
-from worklease import schema_sql
+from worklease import ExitMode, PostgresBackend, schema_sql
 
 QUICK_START = (
     'previous exit: none, saved state: ""\nprevious exit: finished, saved state: "step 1 done"\n'
@@ -53,7 +57,7 @@ def test_usage_errors_exit_2() -> None:
 
 
 def test_help_for_every_command() -> None:
-    for command in ("demo", "schema", "migrate"):
+    for command in ("demo", "schema", "migrate", "status", "sweep"):
         result = run(command, "--help")
         assert result.returncode == 0
         assert "usage: worklease " + command in result.stdout
@@ -80,3 +84,146 @@ def test_migrate_unreachable_database_is_one_line() -> None:
     assert result.stderr.count("\n") == 1
     assert result.stderr.startswith("worklease migrate: migrate failed:")
     assert "Traceback" not in result.stderr
+
+
+def _make_rows(dsn: str) -> dict[str, int]:
+    """One held, one expired and one released lease (plus a retired one), made through the
+    library itself; returns their fencing tokens."""
+    pg.reset(dsn)
+    tokens: dict[str, int] = {}
+    with (
+        ConnectionPool(dsn, min_size=1, max_size=2, open=False) as pool,
+        PostgresBackend(pool) as backend,
+    ):
+        held = backend.acquire("held-1", "worker-1", 300)
+        backend.checkpoint(held, b"12345", 300)
+        expired = backend.acquire("expired-1", "worker-2", -1)
+        released = backend.acquire("released-1", "worker-3", 300)
+        backend.release(released, ExitMode.FINISHED)
+        retired = backend.acquire("retired-1", "worker-3", 300)
+        backend.release(retired, ExitMode.RETIRED)
+        for name, token in (
+            ("held-1", held),
+            ("expired-1", expired),
+            ("released-1", released),
+            ("retired-1", retired),
+        ):
+            tokens[name] = token.fencing_token
+    return tokens
+
+
+@pytest.mark.postgres
+def test_status_table_has_one_aligned_row_per_lease(postgres_dsn: str) -> None:
+    tokens = _make_rows(postgres_dsn)
+    result = run("status", "--dsn", postgres_dsn)
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert lines[0].split() == [
+        "WORK", "ID", "HOLDER", "TOKEN", "STATE", "EXIT", "PREV", "EXIT", "EXPIRES",
+        "CHECKPOINT", "UPDATED",
+    ]  # fmt: skip
+    rows = {line.split()[0]: line.split() for line in lines[1:]}
+    assert sorted(rows) == ["expired-1", "held-1", "released-1", "retired-1"]
+    held = rows["held-1"]
+    assert held[:6] == ["held-1", "worker-1", str(tokens["held-1"]), "held", "-", "none"]
+    assert held[6] == "in"
+    assert held[8:10] == ["5", "B"]
+    expired = rows["expired-1"]
+    assert expired[:5] == ["expired-1", "worker-2", str(tokens["expired-1"]), "expired", "-"]
+    assert expired[7] == "ago"
+    assert expired[8] == "-"
+    released = rows["released-1"]
+    assert released[3:5] == ["released", "finished"]
+    assert rows["retired-1"][3:5] == ["released", "retired"]
+    column = lines[0].index("STATE")
+    for line in lines[1:]:  # every row's state starts exactly under the STATE header
+        assert line[column - 1] == " "
+        assert line[column:].split()[0] in {"held", "expired", "released"}
+
+
+@pytest.mark.postgres
+def test_status_json_and_filters(postgres_dsn: str) -> None:
+    tokens = _make_rows(postgres_dsn)
+    result = run("status", "--dsn", postgres_dsn, "--json")
+    assert result.returncode == 0, result.stderr
+    document = json.loads(result.stdout)
+    assert [entry["work_id"] for entry in document] == [
+        "expired-1",
+        "held-1",
+        "released-1",
+        "retired-1",
+    ]
+    held = next(entry for entry in document if entry["work_id"] == "held-1")
+    assert set(held) == {
+        "work_id", "holder_id", "fencing_token", "state", "exit_mode", "prev_exit",
+        "prev_holder_id", "expires_at", "checkpoint_size", "updated_at",
+    }  # fmt: skip
+    assert held["fencing_token"] == tokens["held-1"]
+    assert (held["state"], held["exit_mode"], held["prev_exit"]) == ("held", None, "none")
+    assert (held["prev_holder_id"], held["checkpoint_size"]) == (None, 5)
+    assert held["expires_at"].endswith("Z")
+    assert datetime.fromisoformat(held["expires_at"]) > datetime.now(UTC)
+    expired = next(entry for entry in document if entry["work_id"] == "expired-1")
+    assert (expired["state"], expired["checkpoint_size"]) == ("expired", None)
+
+    only_released = json.loads(
+        run("status", "--dsn", postgres_dsn, "--json", "--state", "released").stdout
+    )
+    assert [entry["work_id"] for entry in only_released] == ["released-1", "retired-1"]
+    globbed = json.loads(
+        run("status", "--dsn", postgres_dsn, "--json", "--work-id", "*ed-1").stdout
+    )
+    assert [entry["work_id"] for entry in globbed] == ["expired-1", "released-1", "retired-1"]
+    none = run("status", "--dsn", postgres_dsn, "--work-id", "nothing-*")
+    assert (none.returncode, none.stdout) == (0, "no leases match\n")
+
+
+@pytest.mark.postgres
+def test_sweep_dry_run_then_delete(postgres_dsn: str) -> None:
+    _make_rows(postgres_dsn)
+    sleep(0.05)  # rows must be strictly older than the retention below
+    dry = run("sweep", "--dsn", postgres_dsn, "--retention", "10ms", "--dry-run")
+    assert (dry.returncode, dry.stdout) == (
+        0,
+        "would delete 1 retired row(s) not updated for 10ms\n",
+    )
+    dry_all = run(
+        "sweep", "--dsn", postgres_dsn, "--retention", "10ms", "--include-expired", "--dry-run"
+    )
+    assert "would delete 2 retired and lapsed row(s)" in dry_all.stdout
+    kept = run("sweep", "--dsn", postgres_dsn, "--retention", "1h")
+    assert kept.stdout == "deleted 0 retired row(s) not updated for 1h\n"
+    done = run("sweep", "--dsn", postgres_dsn, "--retention", "10ms", "--include-expired")
+    assert done.stdout == "deleted 2 retired and lapsed row(s) not updated for 10ms\n"
+    remaining = pg.execute(postgres_dsn, "SELECT work_id FROM worklease_leases ORDER BY 1")
+    assert remaining == [("held-1",), ("released-1",)]
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (("sweep", "--retention", "10"), "bad duration '10'"),
+        (("sweep", "--retention", "0s"), "must be greater than zero"),
+        (("status", "--work-id", "a[b"), "bad pattern 'a[b'"),
+    ],
+)
+def test_bad_arguments_are_one_line_and_status_1(args: tuple[str, ...], message: str) -> None:
+    result = run(*args, "--dsn", "host=127.0.0.1 port=1 connect_timeout=1")
+    assert result.returncode == 1
+    assert result.stderr.count("\n") == 1
+    assert message in result.stderr
+
+
+@pytest.mark.postgres
+def test_status_on_a_missing_schema_names_the_fix(postgres_dsn: str) -> None:
+    result = run("status", "--dsn", postgres_dsn, "--schema", "not_there")
+    assert result.returncode == 1
+    assert result.stderr.count("\n") == 1
+    assert "worklease migrate" in result.stderr
+
+
+def test_status_unreachable_database_is_one_line() -> None:
+    result = run("status", "--dsn", "host=127.0.0.1 port=1 user=postgres connect_timeout=3")
+    assert result.returncode == 1
+    assert result.stderr.startswith("worklease status: cannot connect:")
+    assert result.stderr.count("\n") == 1

@@ -1,21 +1,27 @@
 """The ``worklease`` command line (also ``python -m worklease``).
 
 Commands: ``demo`` (the quick start on the in-memory backend), ``schema`` (print the schema
-SQL) and ``migrate`` (apply it to a database). Expected failures print one line to stderr and
-exit with status 1; usage errors exit with status 2.
+SQL), ``migrate`` (apply it to a database), ``status`` (list leases) and ``sweep`` (delete
+retired or lapsed rows). Expected failures print one line to stderr and exit with status 1;
+usage errors exit with status 2.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from collections.abc import Sequence
+from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import psycopg
 from psycopg import sql
+from psycopg.rows import tuple_row
 
+from ._duration import format_duration, glob_to_regex, parse_duration
 from ._models import Checkpoint, Token
-from ._pg import TABLE, check_schema_name, schema_sql
+from ._pg import TABLE, Statements, check_schema_name, map_error, schema_sql
 from ._sync.lease import Lease
 from ._sync.memory import MemoryBackend
 from ._sync.postgres import PostgresBackend
@@ -68,6 +74,130 @@ def _migrate(args: argparse.Namespace) -> None:
         raise CommandError(f"migrate failed: {message}") from exc
 
 
+def _connect(dsn: str) -> psycopg.Connection[tuple[Any, ...]]:
+    try:
+        return psycopg.connect(dsn, autocommit=True, connect_timeout=10, row_factory=tuple_row)
+    except psycopg.Error as exc:
+        message = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise CommandError(f"cannot connect: {message}") from exc
+
+
+def _query(
+    conn: psycopg.Connection[tuple[Any, ...]],
+    operation: str,
+    statement: sql.Composed,
+    params: dict[str, Any],
+) -> tuple[list[tuple[Any, ...]], int]:
+    """Run one backend statement (READ COMMITTED pinned, client-side binding)."""
+    try:
+        cursor = psycopg.ClientCursor(conn, row_factory=tuple_row)
+        cursor.execute(statement, params)
+        while cursor.nextset():
+            pass
+        rows = cursor.fetchall() if cursor.description else []
+        return rows, cursor.rowcount
+    except psycopg.Error as exc:
+        raise map_error(exc, operation) from exc
+
+
+STATUS_COLUMNS = (
+    "work_id",
+    "holder_id",
+    "fencing_token",
+    "state",
+    "exit_mode",
+    "prev_exit",
+    "prev_holder_id",
+    "expires_at",
+    "checkpoint_size",
+    "updated_at",
+)
+
+
+def _iso(value: datetime | None, timespec: str = "auto") -> str | None:
+    if value is None:
+        return None
+    return value.astimezone(UTC).isoformat(timespec=timespec).replace("+00:00", "Z")
+
+
+def _status(args: argparse.Namespace) -> None:
+    pattern = glob_to_regex(args.work_id) if args.work_id is not None else None
+    with _connect(args.dsn) as conn:
+        rows, _ = _query(
+            conn,
+            "status",
+            Statements(args.schema).status,
+            {"pattern": pattern, "state": args.state},
+        )
+    records = [dict(zip((*STATUS_COLUMNS, "expires_in"), row, strict=True)) for row in rows]
+    if args.json:
+        document = [
+            {
+                **{key: record[key] for key in STATUS_COLUMNS},
+                "expires_at": _iso(record["expires_at"]),
+                "updated_at": _iso(record["updated_at"]),
+            }
+            for record in records
+        ]
+        json.dump(document, sys.stdout, indent=2)
+        sys.stdout.write("\n")
+        return
+    if not records:
+        print("no leases" + (" match" if pattern or args.state else ""))
+        return
+    header = (
+        "WORK ID", "HOLDER", "TOKEN", "STATE", "EXIT", "PREV EXIT",
+        "EXPIRES", "CHECKPOINT", "UPDATED",
+    )  # fmt: skip
+    table = [header]
+    for record in records:
+        left = float(record["expires_in"])
+        expires = f"in {format_duration(left)}" if left >= 0 else f"{format_duration(left)} ago"
+        size = record["checkpoint_size"]
+        prev = record["prev_exit"]
+        if record["prev_holder_id"] is not None:
+            prev = f"{prev} ({record['prev_holder_id']})"
+        table.append(
+            (
+                record["work_id"],
+                record["holder_id"],
+                str(record["fencing_token"]),
+                record["state"],
+                record["exit_mode"] or "-",
+                prev,
+                expires,
+                "-" if size is None else f"{size} B",
+                _iso(record["updated_at"], "seconds") or "-",
+            )
+        )
+    widths = [max(len(row[i]) for row in table) for i in range(len(header))]
+    numeric = {2}
+    for row in table:
+        cells = [
+            cell.rjust(widths[i]) if i in numeric and row is not header else cell.ljust(widths[i])
+            for i, cell in enumerate(row)
+        ]
+        print("  ".join(cells).rstrip())
+
+
+def _sweep(args: argparse.Namespace) -> None:
+    retention = parse_duration(args.retention)
+    statements = Statements(args.schema)
+    params = {
+        "retention": timedelta(seconds=retention),
+        "include_expired": bool(args.include_expired),
+    }
+    kinds = "retired and lapsed" if args.include_expired else "retired"
+    with _connect(args.dsn) as conn:
+        if args.dry_run:
+            rows, _ = _query(conn, "sweep", statements.count_sweepable, params)
+            count = int(rows[0][0]) if rows else 0
+            print(f"would delete {count} {kinds} row(s) not updated for {args.retention}")
+        else:
+            _, count = _query(conn, "sweep", statements.sweep, params)
+            print(f"deleted {max(count, 0)} {kinds} row(s) not updated for {args.retention}")
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="worklease",
@@ -104,6 +234,48 @@ def _parser() -> argparse.ArgumentParser:
     )
     migrate.add_argument("--schema", metavar="NAME", help="create the objects in this schema")
     migrate.set_defaults(handler=_migrate)
+
+    status = commands.add_parser(
+        "status",
+        help="list leases with their holder, state and checkpoint size",
+        description="One row per lease: work ID, holder, fencing token, state (held: expiry "
+        "in the future; released: an exit was declared; expired: expiry passed with no "
+        "declared exit), exit mode, previous exit (and previous holder), time until expiry "
+        "(or since), checkpoint size and last update. The DSN may also come from the libpq "
+        "environment variables.",
+    )
+    status.add_argument("--dsn", default="", help="libpq connection string or URI")
+    status.add_argument("--schema", metavar="NAME", help="the schema holding the tables")
+    status.add_argument(
+        "--work-id", metavar="GLOB", help="only work IDs matching this glob (*, ?, [abc], [!a])"
+    )
+    status.add_argument(
+        "--state", choices=("held", "expired", "released"), help="only leases in this state"
+    )
+    status.add_argument(
+        "--json", action="store_true", help="print one JSON array of objects instead"
+    )
+    status.set_defaults(handler=_status)
+
+    sweep = commands.add_parser(
+        "sweep",
+        help="delete retired (and optionally lapsed) rows older than a retention",
+        description="Delete rows released RETIRED, not held, and not updated for longer than "
+        "RETENTION; with --include-expired also rows whose lease lapsed with no declared exit "
+        "(discarding the partial state a successor would resume from). Rows released "
+        "FINISHED or ABANDONED are never deleted. DURATION: a number with a unit, units "
+        "combinable: 500ms, 90s, 15m, 2h, 7d, 1h30m.",
+    )
+    sweep.add_argument("--dsn", default="", help="libpq connection string or URI")
+    sweep.add_argument("--schema", metavar="NAME", help="the schema holding the tables")
+    sweep.add_argument("--retention", required=True, metavar="DURATION", help="e.g. 7d, 12h, 1h30m")
+    sweep.add_argument(
+        "--include-expired", action="store_true", help="also delete lapsed, undeclared rows"
+    )
+    sweep.add_argument(
+        "--dry-run", action="store_true", help="only count the rows that would be deleted"
+    )
+    sweep.set_defaults(handler=_sweep)
     return parser
 
 
@@ -115,7 +287,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             check_schema_name(args.schema)
         args.handler(args)
     except (CommandError, WorkleaseError, ValueError) as exc:
-        print(f"worklease {args.command}: {exc}", file=sys.stderr)
+        message = str(exc).removeprefix(f"{args.command}: ")
+        print(f"worklease {args.command}: {message}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         return 130

@@ -151,11 +151,25 @@ SELECT EXISTS (SELECT 1 FROM released),
 FROM {table} WHERE work_id = %(work_id)s"""
         )
         self.forget = build(f"DELETE FROM {{table}} WHERE {owned} RETURNING 1")
-        self.sweep = build(
-            """DELETE FROM {table}
-WHERE updated_at < now() - %(retention)s
+        sweepable = """updated_at < now() - %(retention)s
   AND expires_at < now()
   AND (exit_mode = 'retired' OR (%(include_expired)s AND exit_mode IS NULL))"""
+        self.sweep = build("DELETE FROM {table}\nWHERE " + sweepable)
+        self.count_sweepable = build("SELECT count(*) FROM {table}\nWHERE " + sweepable)
+        self.status = build(
+            """SELECT * FROM (
+    SELECT work_id, holder_id, fencing_token,
+           CASE WHEN exit_mode IS NOT NULL THEN 'released'
+                WHEN expires_at >= now() THEN 'held'
+                ELSE 'expired' END AS state,
+           exit_mode, prev_exit_mode, prev_holder_id, expires_at,
+           octet_length(checkpoint) AS checkpoint_size, updated_at,
+           extract(epoch FROM expires_at - now())::float8 AS expires_in
+    FROM {table}
+    WHERE %(pattern)s::text IS NULL OR work_id ~ %(pattern)s
+) AS leases
+WHERE %(state)s::text IS NULL OR state = %(state)s
+ORDER BY work_id"""
         )
 
     # -- parameters -------------------------------------------------------------------------
