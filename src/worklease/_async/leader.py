@@ -172,10 +172,12 @@ class AsyncLeader:
         except FencedError:
             raise
         except Exception as release_error:
+            if error is not None and not isinstance(error, Exception):
+                raise error  # noqa: B904 - a cancellation or interrupt: no pause
+            await self._pause(self._backoff_interval)
             if error is not None and not isinstance(error, Retire):
                 error.add_note(f"worklease: releasing leadership failed: {release_error!r}")
-                raise error from None
-            await self._pause(self._backoff_interval)
+                raise error  # noqa: B904 - the term's own error wins, its chain kept
             raise
         if mode is not ExitMode.ABANDONED:
             await self._callback(self._on_relinquished, token)
