@@ -1,10 +1,11 @@
 #!/usr/bin/env python3
 """Generate the synchronous code from the hand-written asyncio code.
 
-The asyncio code under ``src/worklease/_async/`` (and ``tests/_async/``) is the only
-hand-written copy. This script turns every ``*.py`` file there into its synchronous twin
-under the matching ``_sync/`` directory, using the token machinery of the ``unasync``
-package (pinned at 0.6.0) plus the explicit ``REPLACEMENTS`` table below, then:
+The asyncio code under ``src/worklease/_async/`` (and ``tests/_async/``, ``examples/async/``)
+is the only hand-written copy. This script turns every ``*.py`` file there into its
+synchronous twin under the matching ``_sync/`` (``sync/``) directory, using the token
+machinery of the ``unasync`` package (pinned at 0.6.0) plus the explicit ``REPLACEMENTS``
+table below, then:
 
 * flips ``_IS_SYNC = False`` to ``_IS_SYNC = True``;
 * prepends a "generated, do not edit" header;
@@ -52,6 +53,7 @@ from typing import Any
 RULES: tuple[tuple[str, str], ...] = (
     ("src/worklease/_async", "src/worklease/_sync"),
     ("tests/_async", "tests/_sync"),
+    ("examples/async", "examples/sync"),
 )
 
 # Every async -> sync rename beyond what unasync 0.6.0 does by itself. unasync already
@@ -304,8 +306,14 @@ def strip_entry_point(text: str) -> str:
     left for the guards to reject.
     """
     text, count = _ENTRY_POINT_RE.subn(r"\g<indent>\g<main>()", text)
-    if count and text.count("asyncio") == 1:
-        text = _IMPORT_ASYNCIO_RE.sub("", text)
+    if count:
+        names = [
+            token
+            for token in tokenize.generate_tokens(io.StringIO(text).readline)
+            if token.type == tokenize.NAME and token.string == "asyncio"
+        ]
+        if len(names) == 1:  # only the import is left (prose in docstrings does not count)
+            text = _IMPORT_ASYNCIO_RE.sub("", text)
     return text
 
 

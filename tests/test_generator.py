@@ -91,6 +91,7 @@ def tree(tmp_path: Path) -> Path:
     _write(tmp_path / "src/worklease/_async/__init__.py", "")
     _write(tmp_path / "src/worklease/_async/mod.py", MOD_SOURCE)
     _write(tmp_path / "tests/_async/__init__.py", "")
+    (tmp_path / "examples/async").mkdir(parents=True)
     return tmp_path
 
 
@@ -277,6 +278,94 @@ def test_await_with_parenthesis_keeps_parenthesis() -> None:
     unasyncer = load_script().Unasyncer({})
     out = unasyncer.transform("async def f():\n    return await(x)\n")
     assert out == "def f():\n    return (x)\n"
+
+
+# -- examples: the asyncio entry point ------------------------------------------------------
+
+EXAMPLE_SOURCE = '''\
+"""A tiny example."""
+
+from __future__ import annotations
+
+import asyncio
+
+import worklease
+
+
+async def main() -> None:
+    lease = worklease.AsyncLease(worklease.AsyncMemoryBackend(), holder_id="w", ttl=30)
+    await lease.acquire("job")
+
+
+if __name__ == "__main__":
+    asyncio.run(main())
+'''
+
+EXAMPLE_EXPECTED = (
+    HEADER.format("examples/async/demo.py")
+    + '''
+"""A tiny example."""
+
+from __future__ import annotations
+
+import worklease
+
+
+def main() -> None:
+    lease = worklease.Lease(worklease.MemoryBackend(), holder_id="w", ttl=30)
+    lease.acquire("job")
+
+
+if __name__ == "__main__":
+    main()
+'''
+)
+
+
+def test_strip_entry_point_drops_asyncio_run_and_import() -> None:
+    text = "import asyncio\nimport os\n\nif __name__ == '__main__':\n    asyncio.run(main())\n"
+
+    out = load_script().strip_entry_point(text)
+
+    assert out == "import os\n\nif __name__ == '__main__':\n    main()\n"
+
+
+def test_strip_entry_point_keeps_import_used_elsewhere() -> None:
+    # The remaining use is left for the guards to reject.
+    text = "import asyncio\n\nx = asyncio.sleep\nasyncio.run(main())\n"
+
+    out = load_script().strip_entry_point(text)
+
+    assert out == "import asyncio\n\nx = asyncio.sleep\nmain()\n"
+
+
+def test_strip_entry_point_leaves_code_without_entry_point_alone() -> None:
+    text = "import asyncio\n\nasyncio.run(main(1))\n"
+
+    assert load_script().strip_entry_point(text) == text
+
+
+def test_generate_example_turns_entry_point_into_plain_call(tree: Path) -> None:
+    _write(tree / "examples/async/demo.py", EXAMPLE_SOURCE)
+
+    generate(tree)
+
+    out = (tree / "examples/sync/demo.py").read_text(encoding="utf-8")
+    assert out == EXAMPLE_EXPECTED
+
+
+def test_generate_example_rejects_other_asyncio_use(tree: Path) -> None:
+    source = EXAMPLE_SOURCE.replace(
+        '    await lease.acquire("job")\n',
+        '    await lease.acquire("job")\n    await asyncio.sleep(1)\n',
+    )
+    _write(tree / "examples/async/demo.py", source)
+
+    proc = run_script(tree)
+
+    assert proc.returncode == 1
+    assert "examples/async/demo.py:5: 'asyncio' in generated code" in proc.stderr
+    assert not (tree / "examples/sync").exists()
 
 
 # -- table hygiene ----------------------------------------------------------------------------
