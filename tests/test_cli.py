@@ -6,6 +6,7 @@ import json
 import subprocess
 import sys
 from datetime import UTC, datetime
+from pathlib import Path
 from time import sleep
 
 import pytest
@@ -19,14 +20,31 @@ QUICK_START = (
 )
 
 
+CONSOLE_SCRIPT = Path(sys.executable).with_name("worklease")
+"""The installed console script (``pip install`` puts it beside the interpreter)."""
+
+
 def run(*args: str) -> subprocess.CompletedProcess[str]:
+    """Run the real ``worklease`` console script."""
     return subprocess.run(
-        [sys.executable, "-m", "worklease", *args],
+        [str(CONSOLE_SCRIPT), *args],
         capture_output=True,
         text=True,
         timeout=60,
         check=False,
     )
+
+
+def test_console_script_is_installed_and_module_form_matches() -> None:
+    assert CONSOLE_SCRIPT.exists(), "install the package (pip install -e .) to get the script"
+    module = subprocess.run(
+        [sys.executable, "-m", "worklease", "demo"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert (module.returncode, module.stdout) == (0, QUICK_START)
 
 
 def test_demo_prints_the_quick_start() -> None:
