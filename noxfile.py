@@ -36,6 +36,14 @@ def lint(session: nox.Session) -> None:
     session.run("mypy")
 
 
+@nox.session(python=GEN_PYTHON)
+def faults(session: nox.Session) -> None:
+    """The fault-injection and model-based tests in their long variants."""
+    session.install("-e", ".[test]")
+    session.env["WORKLEASE_FAULTS_LONG"] = "1"
+    session.run("python", "-m", "pytest", "tests/faults", "-m", "faults", *session.posargs)
+
+
 @nox.session(python=PYTHONS)
 def tests(session: nox.Session) -> None:
     """The whole test suite (both flavours, every backend that is reachable)."""

@@ -118,6 +118,19 @@ class ThrowawayCluster:
             "UTF8",
             "--no-sync",
         )
+        self.server_start()
+        return self.dsn
+
+    @property
+    def dsn(self) -> str:
+        return f"host=127.0.0.1 port={self.port} user=postgres dbname=postgres connect_timeout=5"
+
+    def server_stop(self, mode: str = "fast") -> None:
+        """Stop the server (``fast``, ``immediate`` or ``smart``), keeping its data."""
+        self._run(str(self.bindir / "pg_ctl"), "-D", str(self.data), "-m", mode, "-w", "stop")
+
+    def server_start(self) -> None:
+        """Start the server again on the same port and data."""
         options = f"-p {self.port} -k {self.root} -c listen_addresses=127.0.0.1 -c fsync=off"
         self._run(
             str(self.bindir / "pg_ctl"),
@@ -132,7 +145,6 @@ class ThrowawayCluster:
             "60",
             "start",
         )
-        return f"host=127.0.0.1 port={self.port} user=postgres dbname=postgres connect_timeout=5"
 
     def stop(self) -> None:
         with contextlib.suppress(Exception):
