@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import logging
 import random
+from datetime import UTC, datetime
 
 from ._validation import positive_seconds
 from .errors import ConfigError
 
-__all__ = ["IDLE_JITTER", "interval", "is_permanent", "jittered"]
+__all__ = ["IDLE_JITTER", "WaitPacing", "interval", "is_permanent", "jittered"]
 
 logger = logging.getLogger("worklease")
 
@@ -51,3 +52,28 @@ def is_permanent(error: BaseException) -> bool:
                 logger.exception("permanent() of %r raised; treated as not permanent", current)
         current = current.__cause__ or current.__context__
     return False
+
+
+class WaitPacing:
+    """How long a waiting acquire sleeps after ``LeaseHeldError``.
+
+    The earlier of the poll interval and the holder's expiry (plus a few milliseconds), so a
+    crashed holder's work is picked up right after it expires. The expiry is the backend's
+    clock read through ours: if waking at it finds the same expiry still in force (clock
+    offset, or a holder that renewed exactly then), the next wait is the full poll interval,
+    so a skewed clock can never turn the wait into a busy loop.
+    """
+
+    MARGIN = 0.005
+
+    def __init__(self, poll: float) -> None:
+        self._poll = poll
+        self._last: datetime | None = None
+
+    def next_delay(self, expires_at: datetime | None) -> float:
+        if expires_at is None or expires_at == self._last:
+            self._last = expires_at
+            return self._poll
+        self._last = expires_at
+        until = (expires_at - datetime.now(UTC)).total_seconds() + self.MARGIN
+        return min(self._poll, max(until, self.MARGIN))

@@ -137,3 +137,21 @@ def test_raising_permanent_is_not_permanent(caplog: pytest.LogCaptureFixture) ->
     top = Broken("top")
     top.__cause__ = permanent(ValueError("root"))
     assert is_permanent(top)
+
+
+def test_wait_pacing_wakes_at_the_expiry_then_polls() -> None:
+    from datetime import UTC, datetime, timedelta
+
+    from worklease._pacing import WaitPacing
+
+    pacing = WaitPacing(2.0)
+    soon = datetime.now(UTC) + timedelta(seconds=0.5)
+    first = pacing.next_delay(soon)
+    assert 0.4 < first <= 0.51
+    assert pacing.next_delay(soon) == 2.0  # same expiry still in force: poll, never spin
+    later = datetime.now(UTC) + timedelta(seconds=10)
+    assert pacing.next_delay(later) == 2.0  # the poll interval comes first
+    assert pacing.next_delay(None) == 2.0  # holder unknown
+    past = datetime.now(UTC) - timedelta(seconds=3)  # a skewed clock
+    assert pacing.next_delay(past) == WaitPacing.MARGIN
+    assert pacing.next_delay(past) == 2.0

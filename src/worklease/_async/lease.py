@@ -6,6 +6,7 @@ from datetime import timedelta
 
 from .._acompat import abounded, asleep
 from .._models import Checkpoint, ExitMode, Operation, Token
+from .._pacing import WaitPacing
 from .._validation import (
     check_exit_mode,
     check_holder_id,
@@ -105,9 +106,10 @@ class AsyncLease:
         """Acquire the lease on ``work_id`` and return its token.
 
         Raises ``LeaseHeldError`` when somebody (this holder included) holds it. With
-        ``wait=True``, retries every ``poll_interval`` seconds until acquired; ``timeout``
-        (seconds) bounds that wait and ends it with ``TimeoutError``. An invalid work ID raises
-        ``TypeError``/``ValueError`` before any I/O.
+        ``wait=True``, retries until acquired, waiting the poll interval or until the holder's
+        expiry if that comes first (so a crashed holder's work is picked up right after it
+        expires); ``timeout`` (seconds) bounds the wait and ends it with ``TimeoutError``.
+        An invalid work ID raises ``TypeError``/``ValueError`` before any I/O.
         """
         check_work_id(work_id)
         poll = positive_seconds(poll_interval, "poll_interval")
@@ -119,6 +121,7 @@ class AsyncLease:
             if not limit >= 0:
                 raise ValueError(f"timeout must be a non-negative duration, got {timeout!r}")
         deadline = None if limit is None else monotonic() + limit
+        pacing = WaitPacing(poll)
         while True:
             try:
                 return await self._acquire_once(work_id)
@@ -126,7 +129,7 @@ class AsyncLease:
                 if not wait:
                     raise
                 last_held = held
-            delay = poll
+            delay = pacing.next_delay(last_held.expires_at)
             if deadline is not None:
                 left = deadline - monotonic()
                 if left <= 0:

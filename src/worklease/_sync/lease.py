@@ -9,6 +9,7 @@ from datetime import timedelta
 
 from .._acompat import bounded, sleep
 from .._models import Checkpoint, ExitMode, Operation, Token
+from .._pacing import WaitPacing
 from .._validation import (
     check_exit_mode,
     check_holder_id,
@@ -108,9 +109,10 @@ class Lease:
         """Acquire the lease on ``work_id`` and return its token.
 
         Raises ``LeaseHeldError`` when somebody (this holder included) holds it. With
-        ``wait=True``, retries every ``poll_interval`` seconds until acquired; ``timeout``
-        (seconds) bounds that wait and ends it with ``TimeoutError``. An invalid work ID raises
-        ``TypeError``/``ValueError`` before any I/O.
+        ``wait=True``, retries until acquired, waiting the poll interval or until the holder's
+        expiry if that comes first (so a crashed holder's work is picked up right after it
+        expires); ``timeout`` (seconds) bounds the wait and ends it with ``TimeoutError``.
+        An invalid work ID raises ``TypeError``/``ValueError`` before any I/O.
         """
         check_work_id(work_id)
         poll = positive_seconds(poll_interval, "poll_interval")
@@ -122,6 +124,7 @@ class Lease:
             if not limit >= 0:
                 raise ValueError(f"timeout must be a non-negative duration, got {timeout!r}")
         deadline = None if limit is None else monotonic() + limit
+        pacing = WaitPacing(poll)
         while True:
             try:
                 return self._acquire_once(work_id)
@@ -129,7 +132,7 @@ class Lease:
                 if not wait:
                     raise
                 last_held = held
-            delay = poll
+            delay = pacing.next_delay(last_held.expires_at)
             if deadline is not None:
                 left = deadline - monotonic()
                 if left <= 0:
