@@ -1,4 +1,4 @@
-"""Developer sessions: nox -s generate | generate-check | lint | tests."""
+"""Developer sessions: nox -s generate | generate-check | lint | tests (| faults | bench)."""
 
 from __future__ import annotations
 
@@ -29,10 +29,12 @@ def generate_check(session: nox.Session) -> None:
 
 @nox.session(python=GEN_PYTHON)
 def lint(session: nox.Session) -> None:
-    """ruff (lint + format) and mypy --strict over both flavours, tests, examples, scripts."""
+    """ruff (lint + format) and mypy --strict over both flavours, tests, examples, scripts,
+    benchmarks."""
     session.install("-e", ".[dev]")
-    session.run("ruff", "check", "src", "tests", "scripts", "examples", "noxfile.py")
-    session.run("ruff", "format", "--check", "src", "tests", "scripts", "examples", "noxfile.py")
+    paths = ("src", "tests", "scripts", "examples", "benchmarks", "noxfile.py")
+    session.run("ruff", "check", *paths)
+    session.run("ruff", "format", "--check", *paths)
     session.run("mypy")
 
 
@@ -49,3 +51,11 @@ def tests(session: nox.Session) -> None:
     """The whole test suite (both flavours, every backend that is reachable)."""
     session.install("-e", ".[test]")
     session.run("python", "-m", "pytest", *session.posargs)
+
+
+@nox.session(python=GEN_PYTHON)
+def bench(session: nox.Session) -> None:
+    """Lease operations vs the raw PostgreSQL floor -> benchmarks/results/ (not a default
+    session). Arguments go to the script: nox -s bench -- --iterations 500 --dsn DSN."""
+    session.install("-e", ".[bench,test]")
+    session.run("python", "benchmarks/bench_ops.py", *session.posargs)

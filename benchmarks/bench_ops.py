@@ -1,0 +1,1140 @@
+#!/usr/bin/env python
+"""Lease operations against the raw PostgreSQL floor, side by side, in both flavours.
+
+For every lease operation (acquire, read_checkpoint, checkpoint, renew, release) and a full
+Runner cycle (acquire, read, checkpoint, release), in the sync and the asyncio flavour, this
+measures worklease and "the floor": the very statement worklease sends (same SQL text, same
+parameters) executed with plain psycopg through a ``ClientCursor`` on a connection taken from
+the same pool, in autocommit mode. Worklease and floor iterations alternate in blocks so that
+drift (other load on the machine, cache warm-up, autovacuum) hits both sides alike. It also
+compares acquire + release with ``pals`` (PostgreSQL advisory locks) when that is installed,
+and reports the in-memory backend's cost per operation.
+
+Results go to ``benchmarks/results/`` (``ops.md``, ``ops.json``, ``ops.png``). The run uses a
+fresh database ``worklease_bench_<random>`` on the server of ``--dsn`` and drops it at the end.
+See ``benchmarks/README.md``. The script reports; it never fails on a missed target.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import gc
+import importlib
+import json
+import math
+import os
+import platform
+import sys
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
+from dataclasses import asdict, dataclass, field, replace
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from time import perf_counter_ns
+from typing import Any
+
+import psycopg
+from psycopg import AsyncClientCursor, ClientCursor, sql
+from psycopg.abc import AdaptContext
+from psycopg.conninfo import make_conninfo
+from psycopg_pool import AsyncConnectionPool, ConnectionPool
+
+from worklease import (
+    AsyncLease,
+    AsyncMemoryBackend,
+    AsyncPostgresBackend,
+    AsyncRunner,
+    Checkpoint,
+    ExitMode,
+    Lease,
+    MemoryBackend,
+    PostgresBackend,
+    Runner,
+    Token,
+)
+from worklease._pg import Statements
+
+LOCAL_DSN = "host=127.0.0.1 port=5432 user=postgres dbname=postgres connect_timeout=5"
+RESULTS = Path(__file__).resolve().parent / "results"
+
+OPERATIONS = ("acquire", "read_checkpoint", "checkpoint", "renew", "release")
+RUNNER = "runner cycle"
+PALS = "acquire+release vs pals"
+FLAVOURS = ("sync", "async")
+TARGETS = {**dict.fromkeys(OPERATIONS, 1.15), RUNNER: 1.2, PALS: 0.7}
+# The statements a Runner cycle needs (issue 7): an acquire that returns the prior checkpoint,
+# so the read right after it costs nothing, then the final checkpoint and the release.
+RUNNER_FLOOR = ("acquire", "checkpoint", "release")
+
+Step = Callable[[], int]
+AStep = Callable[[], Awaitable[int]]
+Rows = list[tuple[Any, ...]]
+
+
+# -- statistics and results --------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Stats:
+    """Summary of one series of timings, in microseconds."""
+
+    n: int
+    min_us: float
+    median_us: float
+    mean_us: float
+    p90_us: float
+    p99_us: float
+    max_us: float
+
+    @classmethod
+    def of(cls, samples_ns: Sequence[int]) -> Stats:
+        ordered = sorted(samples_ns)
+        if not ordered:
+            raise ValueError("no samples")
+
+        def rank(q: float) -> float:  # nearest-rank percentile
+            return ordered[max(math.ceil(q * len(ordered)) - 1, 0)] / 1000
+
+        middle = len(ordered) // 2
+        median = (
+            ordered[middle] if len(ordered) % 2 else (ordered[middle - 1] + ordered[middle]) / 2
+        )
+        return cls(
+            n=len(ordered),
+            min_us=ordered[0] / 1000,
+            median_us=median / 1000,
+            mean_us=sum(ordered) / len(ordered) / 1000,
+            p90_us=rank(0.90),
+            p99_us=rank(0.99),
+            max_us=ordered[-1] / 1000,
+        )
+
+
+@dataclass
+class Comparison:
+    """One table row: worklease against its floor (raw psycopg) or against pals."""
+
+    operation: str
+    flavour: str
+    baseline: str
+    target: float
+    worklease: Stats | None = None
+    floor: Stats | None = None
+    note: str = ""
+    samples_ns: dict[str, list[int]] | None = None
+
+    @property
+    def ratio(self) -> float | None:
+        if self.worklease is None or self.floor is None:
+            return None
+        return self.worklease.median_us / self.floor.median_us
+
+    @property
+    def passed(self) -> bool | None:
+        ratio = self.ratio
+        return None if ratio is None else ratio <= self.target
+
+
+@dataclass
+class Measurement:
+    """The in-memory backend's cost of one operation (no floor)."""
+
+    operation: str
+    flavour: str
+    stats: Stats
+
+
+@dataclass
+class Report:
+    settings: dict[str, Any]
+    environment: dict[str, Any] = field(default_factory=dict)
+    comparisons: list[Comparison] = field(default_factory=list)
+    memory: list[Measurement] = field(default_factory=list)
+    statements_per_runner_cycle: dict[str, dict[str, int]] = field(default_factory=dict)
+    runtime_s: float = 0.0
+
+    def ordered(self) -> list[Comparison]:
+        order = [*OPERATIONS, RUNNER, PALS]
+        return sorted(
+            self.comparisons,
+            key=lambda c: (order.index(c.operation), FLAVOURS.index(c.flavour)),
+        )
+
+
+@dataclass(frozen=True)
+class Config:
+    iterations: int
+    runner_iterations: int
+    memory_iterations: int
+    warmup: int
+    block: int
+    ttl: float
+    state: bytes
+    samples: bool
+
+
+# -- measuring ----------------------------------------------------------------------------------
+
+
+def _schedule(n: int, block: int) -> Iterator[tuple[int, bool]]:
+    """Blocks of at most ``block`` iterations; which side goes first alternates per block."""
+    done, index = 0, 0
+    while done < n:
+        size = min(block, n - done)
+        yield size, index % 2 == 0
+        done += size
+        index += 1
+
+
+def compare(cfg: Config, n: int, ours: Step, floor: Step) -> tuple[list[int], list[int]]:
+    for _ in range(cfg.warmup):
+        ours()
+        floor()
+    gc.collect()
+    mine: list[int] = []
+    base: list[int] = []
+    for size, ours_first in _schedule(n, cfg.block):
+        order = ((ours, mine), (floor, base)) if ours_first else ((floor, base), (ours, mine))
+        for step, out in order:
+            for _ in range(size):
+                out.append(step())
+    return mine, base
+
+
+async def acompare(cfg: Config, n: int, ours: AStep, floor: AStep) -> tuple[list[int], list[int]]:
+    for _ in range(cfg.warmup):
+        await ours()
+        await floor()
+    gc.collect()
+    mine: list[int] = []
+    base: list[int] = []
+    for size, ours_first in _schedule(n, cfg.block):
+        order = ((ours, mine), (floor, base)) if ours_first else ((floor, base), (ours, mine))
+        for step, out in order:
+            for _ in range(size):
+                out.append(await step())
+    return mine, base
+
+
+def measure(cfg: Config, n: int, step: Step) -> list[int]:
+    for _ in range(cfg.warmup):
+        step()
+    gc.collect()
+    return [step() for _ in range(n)]
+
+
+async def ameasure(cfg: Config, n: int, step: AStep) -> list[int]:
+    for _ in range(cfg.warmup):
+        await step()
+    gc.collect()
+    return [await step() for _ in range(n)]
+
+
+def timed(fn: Callable[[], object]) -> Step:
+    def step() -> int:
+        start = perf_counter_ns()
+        fn()
+        return perf_counter_ns() - start
+
+    return step
+
+
+def atimed(fn: Callable[[], Awaitable[object]]) -> AStep:
+    async def step() -> int:
+        start = perf_counter_ns()
+        await fn()
+        return perf_counter_ns() - start
+
+    return step
+
+
+def comparison(
+    cfg: Config,
+    operation: str,
+    flavour: str,
+    samples: tuple[list[int], list[int]],
+    baseline: str = "raw psycopg",
+) -> Comparison:
+    mine, base = samples
+    return Comparison(
+        operation=operation,
+        flavour=flavour,
+        baseline=baseline,
+        target=TARGETS[operation],
+        worklease=Stats.of(mine),
+        floor=Stats.of(base),
+        samples_ns={"worklease": mine, "floor": base} if cfg.samples else None,
+    )
+
+
+def iterations_for(cfg: Config, operation: str) -> int:
+    return cfg.runner_iterations if operation in (RUNNER, PALS) else cfg.iterations
+
+
+# -- the floor: worklease's statements through plain psycopg ------------------------------------
+
+
+@dataclass(frozen=True)
+class Texts:
+    """The statements worklease sends, rendered once to the bytes psycopg receives."""
+
+    acquire: bytes
+    read_checkpoint: bytes
+    checkpoint: bytes
+    renew: bytes
+    release: bytes
+
+    @classmethod
+    def render(cls, statements: Statements, renewal: Statements, conn: AdaptContext) -> Texts:
+        return cls(
+            acquire=statements.acquire.as_bytes(conn),
+            read_checkpoint=statements.read_checkpoint.as_bytes(conn),
+            checkpoint=statements.checkpoint.as_bytes(conn),
+            renew=renewal.renew.as_bytes(conn),
+            release=statements.release.as_bytes(conn),
+        )
+
+
+class Params:
+    """The parameters worklease binds, built the way a hand-written caller would."""
+
+    def __init__(self, holder_id: str, ttl: float, state: bytes) -> None:
+        self.holder_id = holder_id
+        self.ttl = timedelta(seconds=ttl)
+        self.statement_timeout = str(max(int(ttl * 1000), 1))
+        self.state = state
+
+    def acquire(self, work_id: str) -> dict[str, Any]:
+        return {"work_id": work_id, "holder_id": self.holder_id, "ttl": self.ttl}
+
+    def owned(self, work_id: str, token: int) -> dict[str, Any]:
+        return {"work_id": work_id, "holder_id": self.holder_id, "token": token}
+
+    def checkpoint(self, work_id: str, token: int) -> dict[str, Any]:
+        return {**self.owned(work_id, token), "state": self.state, "ttl": self.ttl}
+
+    def renew(self, work_id: str, token: int) -> dict[str, Any]:
+        params = self.owned(work_id, token)
+        params["ttl"] = self.ttl
+        params["statement_timeout"] = self.statement_timeout
+        return params
+
+    def release(self, work_id: str, token: int) -> dict[str, Any]:
+        return {**self.owned(work_id, token), "mode": "finished"}
+
+
+def _granted(rows: Rows, work_id: str) -> int:
+    if not rows or not rows[0][0]:
+        raise RuntimeError(f"floor: acquire of {work_id!r} was not granted: {rows!r}")
+    return int(rows[0][1])
+
+
+def _done(rows: Rows, what: str) -> None:
+    if not rows or not rows[0][0]:
+        raise RuntimeError(f"floor: {what} matched no row: {rows!r}")
+
+
+class SyncFloor:
+    def __init__(
+        self,
+        pool: ConnectionPool[Any],
+        renewal_pool: ConnectionPool[Any],
+        texts: Texts,
+        params: Params,
+    ) -> None:
+        self.pool = pool
+        self.renewal_pool = renewal_pool
+        self.texts = texts
+        self.params = params
+
+    @staticmethod
+    def run(pool: ConnectionPool[Any], query: bytes, params: dict[str, Any]) -> Rows:
+        with pool.connection() as conn:
+            cursor = ClientCursor(conn)
+            cursor.execute(query, params)
+            while cursor.nextset():
+                pass
+            return cursor.fetchall()
+
+    def acquire(self, work_id: str) -> int:
+        rows = self.run(self.pool, self.texts.acquire, self.params.acquire(work_id))
+        return _granted(rows, work_id)
+
+    def read_checkpoint(self, work_id: str) -> Rows:
+        return self.run(self.pool, self.texts.read_checkpoint, {"work_id": work_id})
+
+    def checkpoint(self, work_id: str, token: int) -> None:
+        query, params = self.texts.checkpoint, self.params.checkpoint(work_id, token)
+        _done(self.run(self.pool, query, params), "checkpoint")
+
+    def renew(self, work_id: str, token: int) -> None:
+        query, params = self.texts.renew, self.params.renew(work_id, token)
+        _done(self.run(self.renewal_pool, query, params), "renew")
+
+    def release(self, work_id: str, token: int) -> None:
+        query, params = self.texts.release, self.params.release(work_id, token)
+        _done(self.run(self.pool, query, params), "release")
+
+
+class AsyncFloor:
+    def __init__(
+        self,
+        pool: AsyncConnectionPool[Any],
+        renewal_pool: AsyncConnectionPool[Any],
+        texts: Texts,
+        params: Params,
+    ) -> None:
+        self.pool = pool
+        self.renewal_pool = renewal_pool
+        self.texts = texts
+        self.params = params
+
+    @staticmethod
+    async def run(pool: AsyncConnectionPool[Any], query: bytes, params: dict[str, Any]) -> Rows:
+        async with pool.connection() as conn:
+            cursor = AsyncClientCursor(conn)
+            await cursor.execute(query, params)
+            while cursor.nextset():
+                pass
+            return await cursor.fetchall()
+
+    async def acquire(self, work_id: str) -> int:
+        rows = await self.run(self.pool, self.texts.acquire, self.params.acquire(work_id))
+        return _granted(rows, work_id)
+
+    async def read_checkpoint(self, work_id: str) -> Rows:
+        return await self.run(self.pool, self.texts.read_checkpoint, {"work_id": work_id})
+
+    async def checkpoint(self, work_id: str, token: int) -> None:
+        query, params = self.texts.checkpoint, self.params.checkpoint(work_id, token)
+        _done(await self.run(self.pool, query, params), "checkpoint")
+
+    async def renew(self, work_id: str, token: int) -> None:
+        query, params = self.texts.renew, self.params.renew(work_id, token)
+        _done(await self.run(self.renewal_pool, query, params), "renew")
+
+    async def release(self, work_id: str, token: int) -> None:
+        query, params = self.texts.release, self.params.release(work_id, token)
+        _done(await self.run(self.pool, query, params), "release")
+
+
+# -- steps: one timed iteration each ------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def lease_step(
+    operation: str, lease: Lease, runner: Runner, work_id: str, state: bytes
+) -> Iterator[Step]:
+    """A timed iteration of ``operation`` through the sync lease (setup left untimed)."""
+    if operation == "acquire":
+
+        def acquire() -> int:
+            start = perf_counter_ns()
+            token = lease.acquire(work_id)
+            elapsed = perf_counter_ns() - start
+            lease.release(token, ExitMode.FINISHED)
+            return elapsed
+
+        yield acquire
+    elif operation == "release":
+
+        def release() -> int:
+            token = lease.acquire(work_id)
+            start = perf_counter_ns()
+            lease.release(token, ExitMode.FINISHED)
+            return perf_counter_ns() - start
+
+        yield release
+    elif operation == RUNNER:
+        yield timed(lambda: runner.run(work_id))
+    elif operation == PALS:
+
+        def acquire_release() -> int:
+            start = perf_counter_ns()
+            lease.release(lease.acquire(work_id), ExitMode.FINISHED)
+            return perf_counter_ns() - start
+
+        yield acquire_release
+    else:
+        token = lease.acquire(work_id)
+        lease.checkpoint(token, state)
+        try:
+            if operation == "read_checkpoint":
+                yield timed(lambda: lease.read_checkpoint(token))
+            elif operation == "checkpoint":
+                yield timed(lambda: lease.checkpoint(token, state))
+            elif operation == "renew":
+                yield timed(lambda: lease.renew(token))
+            else:
+                raise ValueError(operation)
+        finally:
+            lease.release(token, ExitMode.FINISHED)
+
+
+@contextlib.asynccontextmanager
+async def alease_step(
+    operation: str, lease: AsyncLease, runner: AsyncRunner, work_id: str, state: bytes
+) -> AsyncIterator[AStep]:
+    """A timed iteration of ``operation`` through the asyncio lease (setup left untimed)."""
+    if operation == "acquire":
+
+        async def acquire() -> int:
+            start = perf_counter_ns()
+            token = await lease.acquire(work_id)
+            elapsed = perf_counter_ns() - start
+            await lease.release(token, ExitMode.FINISHED)
+            return elapsed
+
+        yield acquire
+    elif operation == "release":
+
+        async def release() -> int:
+            token = await lease.acquire(work_id)
+            start = perf_counter_ns()
+            await lease.release(token, ExitMode.FINISHED)
+            return perf_counter_ns() - start
+
+        yield release
+    elif operation == RUNNER:
+        yield atimed(lambda: runner.run(work_id))
+    elif operation == PALS:
+
+        async def acquire_release() -> int:
+            start = perf_counter_ns()
+            await lease.release(await lease.acquire(work_id), ExitMode.FINISHED)
+            return perf_counter_ns() - start
+
+        yield acquire_release
+    else:
+        token = await lease.acquire(work_id)
+        await lease.checkpoint(token, state)
+        try:
+            if operation == "read_checkpoint":
+                yield atimed(lambda: lease.read_checkpoint(token))
+            elif operation == "checkpoint":
+                yield atimed(lambda: lease.checkpoint(token, state))
+            elif operation == "renew":
+                yield atimed(lambda: lease.renew(token))
+            else:
+                raise ValueError(operation)
+        finally:
+            await lease.release(token, ExitMode.FINISHED)
+
+
+@contextlib.contextmanager
+def floor_step(operation: str, floor: SyncFloor, work_id: str) -> Iterator[Step]:
+    """A timed iteration of ``operation``'s statement(s) through plain psycopg."""
+    if operation == "acquire":
+
+        def acquire() -> int:
+            start = perf_counter_ns()
+            token = floor.acquire(work_id)
+            elapsed = perf_counter_ns() - start
+            floor.release(work_id, token)
+            return elapsed
+
+        yield acquire
+    elif operation == "release":
+
+        def release() -> int:
+            token = floor.acquire(work_id)
+            start = perf_counter_ns()
+            floor.release(work_id, token)
+            return perf_counter_ns() - start
+
+        yield release
+    elif operation == RUNNER:
+
+        def cycle() -> int:
+            start = perf_counter_ns()
+            token = floor.acquire(work_id)
+            floor.checkpoint(work_id, token)
+            floor.release(work_id, token)
+            return perf_counter_ns() - start
+
+        yield cycle
+    else:
+        token = floor.acquire(work_id)
+        floor.checkpoint(work_id, token)
+        try:
+            if operation == "read_checkpoint":
+                yield timed(lambda: floor.read_checkpoint(work_id))
+            elif operation == "checkpoint":
+                yield timed(lambda: floor.checkpoint(work_id, token))
+            elif operation == "renew":
+                yield timed(lambda: floor.renew(work_id, token))
+            else:
+                raise ValueError(operation)
+        finally:
+            floor.release(work_id, token)
+
+
+@contextlib.asynccontextmanager
+async def afloor_step(operation: str, floor: AsyncFloor, work_id: str) -> AsyncIterator[AStep]:
+    """A timed iteration of ``operation``'s statement(s) through plain psycopg (asyncio)."""
+    if operation == "acquire":
+
+        async def acquire() -> int:
+            start = perf_counter_ns()
+            token = await floor.acquire(work_id)
+            elapsed = perf_counter_ns() - start
+            await floor.release(work_id, token)
+            return elapsed
+
+        yield acquire
+    elif operation == "release":
+
+        async def release() -> int:
+            token = await floor.acquire(work_id)
+            start = perf_counter_ns()
+            await floor.release(work_id, token)
+            return perf_counter_ns() - start
+
+        yield release
+    elif operation == RUNNER:
+
+        async def cycle() -> int:
+            start = perf_counter_ns()
+            token = await floor.acquire(work_id)
+            await floor.checkpoint(work_id, token)
+            await floor.release(work_id, token)
+            return perf_counter_ns() - start
+
+        yield cycle
+    else:
+        token = await floor.acquire(work_id)
+        await floor.checkpoint(work_id, token)
+        try:
+            if operation == "read_checkpoint":
+                yield atimed(lambda: floor.read_checkpoint(work_id))
+            elif operation == "checkpoint":
+                yield atimed(lambda: floor.checkpoint(work_id, token))
+            elif operation == "renew":
+                yield atimed(lambda: floor.renew(work_id, token))
+            else:
+                raise ValueError(operation)
+        finally:
+            await floor.release(work_id, token)
+
+
+def pals_step(locker: Any, name: str) -> Step:
+    lock = locker.lock(name, blocking=False)  # a try-lock: pals' cheapest acquire
+
+    def acquire_release() -> int:
+        start = perf_counter_ns()
+        acquired = lock.acquire()
+        lock.release()
+        elapsed = perf_counter_ns() - start
+        if acquired is not True:
+            raise RuntimeError(f"pals: lock {name!r} was not acquired")
+        return elapsed
+
+    return acquire_release
+
+
+def _sync_work(state: bytes) -> Callable[[Token, Checkpoint], bytes]:
+    def work(token: Token, prior: Checkpoint) -> bytes:
+        return state
+
+    return work
+
+
+def _async_work(state: bytes) -> Callable[[Token, Checkpoint], Awaitable[bytes]]:
+    async def work(token: Token, prior: Checkpoint) -> bytes:
+        return state
+
+    return work
+
+
+def work_id(flavour: str, operation: str, side: str) -> str:
+    return f"bench/{flavour}/{operation.replace(' ', '-')}/{side}"
+
+
+def _progress(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+# -- the sync flavour ---------------------------------------------------------------------------
+
+
+def _renewal_target_sync(backend: PostgresBackend, lease: Lease, probe: str) -> None:
+    """Make the backend open its renewal pool and learn its renewal statements (one renew)."""
+    token = lease.acquire(probe)
+    lease.renew(token)
+    lease.release(token, ExitMode.FINISHED)
+
+
+def bench_sync(cfg: Config, dsn: str, report: Report, locker: Any | str) -> None:
+    flavour = "sync"
+    pool: ConnectionPool[Any] = ConnectionPool(
+        dsn, min_size=2, max_size=4, kwargs={"autocommit": True}, open=False, name="bench-sync"
+    )
+    pool.open(wait=True)
+    backend = PostgresBackend(pool)
+    try:
+        lease = Lease(backend, holder_id=f"bench-{flavour}", ttl=cfg.ttl)
+        runner = Runner(lease, _sync_work(cfg.state))
+        _renewal_target_sync(backend, lease, work_id(flavour, "probe", "worklease"))
+        # Private attributes, read only: renewals go through the backend's own small pool and
+        # (once the schema is known) schema-qualified statements; the floor uses the same.
+        renewal_pool = backend._renewal_pool or pool
+        renewal = backend._renewal_statements or backend._statements
+        with pool.connection() as conn:
+            texts = Texts.render(backend._statements, renewal, conn)
+        floor = SyncFloor(pool, renewal_pool, texts, Params(lease.holder_id, cfg.ttl, cfg.state))
+
+        for operation in (*OPERATIONS, RUNNER):
+            _progress(f"  {flavour} {operation}")
+            with (
+                lease_step(
+                    operation, lease, runner, work_id(flavour, operation, "worklease"), cfg.state
+                ) as ours,
+                floor_step(operation, floor, work_id(flavour, operation, "floor")) as base,
+            ):
+                samples = compare(cfg, iterations_for(cfg, operation), ours, base)
+            report.comparisons.append(comparison(cfg, operation, flavour, samples))
+
+        report.statements_per_runner_cycle[flavour] = {
+            "worklease": _count_requests(
+                pool, lambda: runner.run(work_id(flavour, RUNNER, "worklease"))
+            ),
+            "floor": len(RUNNER_FLOOR),
+        }
+
+        if isinstance(locker, str):
+            report.comparisons.append(Comparison(PALS, flavour, "pals", TARGETS[PALS], note=locker))
+        else:
+            _progress(f"  {flavour} {PALS}")
+            with lease_step(
+                PALS, lease, runner, work_id(flavour, "pals", "worklease"), cfg.state
+            ) as ours:
+                theirs = pals_step(locker, work_id(flavour, "pals", "pals"))
+                samples = compare(cfg, iterations_for(cfg, PALS), ours, theirs)
+            report.comparisons.append(comparison(cfg, PALS, flavour, samples, baseline="pals"))
+    finally:
+        backend.close()
+        pool.close()
+
+
+def _count_requests(pool: ConnectionPool[Any], fn: Callable[[], object]) -> int:
+    pool.pop_stats()
+    fn()
+    return pool.get_stats().get("requests_num", 0)
+
+
+# -- the asyncio flavour ------------------------------------------------------------------------
+
+
+async def bench_async(cfg: Config, dsn: str, report: Report, locker: Any | str) -> None:
+    flavour = "async"
+    pool: AsyncConnectionPool[Any] = AsyncConnectionPool(
+        dsn, min_size=2, max_size=4, kwargs={"autocommit": True}, open=False, name="bench-async"
+    )
+    await pool.open(wait=True)
+    backend = AsyncPostgresBackend(pool)
+    try:
+        lease = AsyncLease(backend, holder_id=f"bench-{flavour}", ttl=cfg.ttl)
+        runner = AsyncRunner(lease, _async_work(cfg.state))
+        probe = await lease.acquire(work_id(flavour, "probe", "worklease"))
+        await lease.renew(probe)
+        await lease.release(probe, ExitMode.FINISHED)
+        renewal_pool = backend._renewal_pool or pool
+        renewal = backend._renewal_statements or backend._statements
+        async with pool.connection() as conn:
+            texts = Texts.render(backend._statements, renewal, conn)
+        floor = AsyncFloor(pool, renewal_pool, texts, Params(lease.holder_id, cfg.ttl, cfg.state))
+
+        for operation in (*OPERATIONS, RUNNER):
+            _progress(f"  {flavour} {operation}")
+            async with (
+                alease_step(
+                    operation, lease, runner, work_id(flavour, operation, "worklease"), cfg.state
+                ) as ours,
+                afloor_step(operation, floor, work_id(flavour, operation, "floor")) as base,
+            ):
+                samples = await acompare(cfg, iterations_for(cfg, operation), ours, base)
+            report.comparisons.append(comparison(cfg, operation, flavour, samples))
+
+        pool.pop_stats()
+        await runner.run(work_id(flavour, RUNNER, "worklease"))
+        report.statements_per_runner_cycle[flavour] = {
+            "worklease": pool.get_stats().get("requests_num", 0),
+            "floor": len(RUNNER_FLOOR),
+        }
+
+        if isinstance(locker, str):
+            report.comparisons.append(Comparison(PALS, flavour, "pals", TARGETS[PALS], note=locker))
+        else:
+            _progress(f"  {flavour} {PALS} (pals is sync-only: its calls block the loop)")
+            sync_pals = pals_step(locker, work_id(flavour, "pals", "pals"))
+
+            async def theirs() -> int:
+                return sync_pals()
+
+            async with alease_step(
+                PALS, lease, runner, work_id(flavour, "pals", "worklease"), cfg.state
+            ) as ours:
+                samples = await acompare(cfg, iterations_for(cfg, PALS), ours, theirs)
+            report.comparisons.append(comparison(cfg, PALS, flavour, samples, baseline="pals"))
+    finally:
+        await backend.close()
+        await pool.close()
+
+
+# -- the in-memory backend ----------------------------------------------------------------------
+
+
+def bench_memory_sync(cfg: Config, report: Report) -> None:
+    lease = Lease(MemoryBackend(), holder_id="bench-memory", ttl=cfg.ttl)
+    runner = Runner(lease, _sync_work(cfg.state))
+    for operation in (*OPERATIONS, RUNNER):
+        with lease_step(
+            operation, lease, runner, work_id("sync", operation, "memory"), cfg.state
+        ) as step:
+            samples = measure(cfg, iterations_for(cfg, operation), step)
+        report.memory.append(Measurement(operation, "sync", Stats.of(samples)))
+
+
+async def bench_memory_async(cfg: Config, report: Report) -> None:
+    lease = AsyncLease(AsyncMemoryBackend(), holder_id="bench-memory", ttl=cfg.ttl)
+    runner = AsyncRunner(lease, _async_work(cfg.state))
+    for operation in (*OPERATIONS, RUNNER):
+        async with alease_step(
+            operation, lease, runner, work_id("async", operation, "memory"), cfg.state
+        ) as step:
+            samples = await ameasure(cfg, iterations_for(cfg, operation), step)
+        report.memory.append(Measurement(operation, "async", Stats.of(samples)))
+
+
+# -- pals ---------------------------------------------------------------------------------------
+
+
+def make_locker(dsn: str) -> tuple[Any | str, Any]:
+    """A pals ``Locker`` on ``dsn`` (SQLAlchemy over psycopg 3), or why there is none."""
+    try:
+        pals = importlib.import_module("pals")
+        sqlalchemy = importlib.import_module("sqlalchemy")
+    except ImportError:
+        return "pals not installed", None
+    engine = sqlalchemy.create_engine("postgresql+psycopg://", creator=lambda: psycopg.connect(dsn))
+    locker = pals.Locker("worklease-bench", create_engine_callable=lambda: engine)
+    return locker, engine
+
+
+# -- the database -------------------------------------------------------------------------------
+
+
+def default_dsn() -> str:
+    return os.environ.get("WORKLEASE_TEST_DSN") or LOCAL_DSN
+
+
+@contextlib.contextmanager
+def fresh_database(server_dsn: str) -> Iterator[tuple[str, str]]:
+    """Create ``worklease_bench_<random>`` with the worklease schema; drop it afterwards."""
+    name = f"worklease_bench_{uuid.uuid4().hex[:10]}"
+    with psycopg.connect(server_dsn, autocommit=True) as conn:
+        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+    dsn = make_conninfo(server_dsn, dbname=name)
+    try:
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            PostgresBackend.apply_schema(conn)
+        yield name, dsn
+    finally:
+        with psycopg.connect(server_dsn, autocommit=True) as conn:
+            conn.execute(
+                sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
+            )
+
+
+def environment(dsn: str, database: str) -> dict[str, Any]:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        row = conn.execute("SHOW server_version").fetchone()
+        host = conn.info.host
+    versions: dict[str, str] = {}
+    for package in ("psycopg", "psycopg_pool", "pals", "sqlalchemy", "matplotlib"):
+        with contextlib.suppress(ImportError):
+            versions[package] = str(getattr(importlib.import_module(package), "__version__", "?"))
+    return {
+        "started_at": datetime.now(UTC).isoformat(timespec="seconds"),
+        "python": platform.python_version(),
+        "implementation": platform.python_implementation(),
+        "machine": platform.machine(),
+        "cpus": os.cpu_count(),
+        "load_average_at_start": list(os.getloadavg()),
+        "postgresql": row[0] if row else "?",
+        "host": host,
+        "database": database,
+        "packages": versions,
+    }
+
+
+# -- output -------------------------------------------------------------------------------------
+
+
+def _us(value: float) -> str:
+    return f"{value:,.0f}" if value >= 100 else f"{value:.1f}"
+
+
+def render_markdown(report: Report) -> str:
+    env, settings = report.environment, report.settings
+    lines = [
+        "# worklease lease operations against the raw PostgreSQL floor",
+        "",
+        f"Run {env.get('started_at', '?')}: PostgreSQL {env.get('postgresql', '?')} on "
+        f"{env.get('host', '?')}, Python {env.get('python', '?')}, "
+        f"psycopg {env.get('packages', {}).get('psycopg', '?')}, {env.get('cpus', '?')} CPUs, "
+        f"load average at start {_load(env.get('load_average_at_start'))}, "
+        f"at end {_load(env.get('load_average_at_end'))}. "
+        f"{settings['iterations']} iterations per operation "
+        f"({settings['runner_iterations']} per Runner cycle and pals comparison), "
+        f"{settings['warmup']} warm-up, alternating blocks of {settings['block']}; "
+        f"checkpoint state {settings['state_bytes']} bytes. Runtime {report.runtime_s:.1f} s.",
+        "",
+        "Times in µs. Ratio = worklease median / floor median. The floor is the same statement "
+        "(same SQL text and parameters) sent with a plain psycopg `ClientCursor` on a connection "
+        "from the same pool; for the Runner cycle it is acquire + checkpoint + release in a "
+        "row; for the pals row the floor columns hold pals' acquire + release.",
+        "",
+        "| operation | flavour | worklease median | worklease p99 | floor median | floor p99 "
+        "| ratio | target | result |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---|",
+    ]
+    for row in report.ordered():
+        target = f"≤ {row.target:.2f}"
+        if row.worklease is None or row.floor is None or row.ratio is None:
+            lines.append(
+                f"| {row.operation} | {row.flavour} | - | - | - | - | - | {target} "
+                f"| {row.note or 'not measured'} |"
+            )
+            continue
+        lines.append(
+            f"| {row.operation} | {row.flavour} | {_us(row.worklease.median_us)} "
+            f"| {_us(row.worklease.p99_us)} | {_us(row.floor.median_us)} "
+            f"| {_us(row.floor.p99_us)} | {row.ratio:.2f} | {target} "
+            f"| {'pass' if row.passed else 'FAIL'} |"
+        )
+    counts = report.statements_per_runner_cycle
+    if counts:
+        parts = [f"{flavour} {c['worklease']}" for flavour, c in counts.items()]
+        lines += [
+            "",
+            "Statements per Runner cycle (pool checkouts, one statement each): worklease "
+            + ", ".join(parts)
+            + f"; the floor counts {len(RUNNER_FLOOR)} ({' + '.join(RUNNER_FLOOR)}).",
+        ]
+    if report.memory:
+        lines += [
+            "",
+            "## In-memory backend",
+            "",
+            "Cost of each operation through the lease on `MemoryBackend` / `AsyncMemoryBackend` "
+            "(µs; no floor).",
+            "",
+            "| operation | flavour | median | p99 |",
+            "|---|---|---:|---:|",
+        ]
+        order = [*OPERATIONS, RUNNER]
+        for m in sorted(
+            report.memory,
+            key=lambda m: (order.index(m.operation), FLAVOURS.index(m.flavour)),
+        ):
+            lines.append(
+                f"| {m.operation} | {m.flavour} | {_us(m.stats.median_us)} "
+                f"| {_us(m.stats.p99_us)} |"
+            )
+    return "\n".join(lines) + "\n"
+
+
+def _load(value: object) -> str:
+    if isinstance(value, list) and value:
+        return f"{float(value[0]):.2f}"
+    return "?"
+
+
+def render_json(report: Report) -> dict[str, Any]:
+    rows = []
+    for row in report.ordered():
+        item: dict[str, Any] = {
+            "operation": row.operation,
+            "flavour": row.flavour,
+            "baseline": row.baseline,
+            "target": row.target,
+            "ratio": row.ratio,
+            "passed": row.passed,
+            "note": row.note,
+            "worklease": asdict(row.worklease) if row.worklease else None,
+            "floor": asdict(row.floor) if row.floor else None,
+        }
+        if row.samples_ns is not None:
+            item["samples_ns"] = row.samples_ns
+        rows.append(item)
+    return {
+        "settings": report.settings,
+        "environment": report.environment,
+        "runtime_s": round(report.runtime_s, 3),
+        "comparisons": rows,
+        "statements_per_runner_cycle": report.statements_per_runner_cycle,
+        "memory": [
+            {"operation": m.operation, "flavour": m.flavour, "stats": asdict(m.stats)}
+            for m in report.memory
+        ],
+    }
+
+
+def render_chart(report: Report, path: Path) -> str | None:
+    """Bar chart of the ratios with each group's target; returns why not, if not drawn."""
+    try:
+        matplotlib = importlib.import_module("matplotlib")
+    except ImportError:
+        return "matplotlib not installed (pip install -e '.[bench]'): no chart"
+    matplotlib.use("Agg")
+    plt = importlib.import_module("matplotlib.pyplot")
+
+    groups = [*OPERATIONS, RUNNER, PALS]
+    ratios = {(row.operation, row.flavour): row.ratio for row in report.comparisons}
+    width = 0.38
+    fig, ax = plt.subplots(figsize=(11, 5.5), dpi=120)
+    colours = {"sync": "#4C72B0", "async": "#DD8452"}
+    for offset, flavour in ((-width / 2, "sync"), (width / 2, "async")):
+        xs = [i + offset for i, g in enumerate(groups) if ratios.get((g, flavour)) is not None]
+        ys = [r for g in groups if (r := ratios.get((g, flavour))) is not None]
+        bars = ax.bar(xs, ys, width, label=flavour, color=colours[flavour])
+        ax.bar_label(
+            bars,
+            labels=[f"{y:.2f}" for y in ys],
+            fontsize=8,
+            padding=2,
+            bbox={"facecolor": "white", "edgecolor": "none", "pad": 0.5, "alpha": 0.8},
+            zorder=3,
+        )
+    for i, group in enumerate(groups):
+        ax.hlines(
+            TARGETS[group],
+            i - 0.48,
+            i + 0.48,
+            colors="#C44E52",
+            linestyles="dashed",
+            label="target" if i == 0 else None,
+        )
+        if all(ratios.get((group, f)) is None for f in FLAVOURS):
+            ax.text(i, 0.05, "n/a", ha="center", fontsize=8)
+    ax.axhline(1.0, color="#888888", linewidth=0.8)
+    ax.set_xticks(range(len(groups)), [g.replace(" vs ", "\nvs ") for g in groups], fontsize=9)
+    ax.set_ylabel("median ratio (worklease / floor; last group: / pals)")
+    ax.set_title("worklease vs raw psycopg floor (lower is better; dashed: target)")
+    ax.legend(loc="upper left")
+    ax.set_ylim(0, max([1.3, *[r * 1.15 for r in ratios.values() if r is not None]]))
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return None
+
+
+# -- main ---------------------------------------------------------------------------------------
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
+    parser.add_argument(
+        "--dsn",
+        default=default_dsn(),
+        help="server to benchmark on; a fresh database is created and dropped there "
+        "(default: $WORKLEASE_TEST_DSN or the local server on 127.0.0.1:5432)",
+    )
+    parser.add_argument("--iterations", type=int, default=2000, help="per single operation")
+    parser.add_argument(
+        "--runner-iterations",
+        type=int,
+        default=None,
+        help="per Runner cycle and per pals comparison (default: half of --iterations)",
+    )
+    parser.add_argument(
+        "--memory-iterations",
+        type=int,
+        default=None,
+        help="per in-memory operation (default: --iterations)",
+    )
+    parser.add_argument("--warmup", type=int, default=200, help="untimed iterations per side")
+    parser.add_argument("--block", type=int, default=50, help="iterations per alternating block")
+    parser.add_argument("--ttl", type=float, default=60.0, help="lease TTL in seconds")
+    parser.add_argument("--state-bytes", type=int, default=256, help="checkpoint state size")
+    parser.add_argument("--output", type=Path, default=RESULTS, help="results directory")
+    parser.add_argument("--skip-chart", action="store_true", help="do not draw ops.png")
+    parser.add_argument("--skip-pals", action="store_true", help="leave pals out")
+    parser.add_argument(
+        "--samples", action="store_true", help="also store every timing (ns) in ops.json"
+    )
+    args = parser.parse_args(argv)
+    for name in ("iterations", "warmup", "block", "state_bytes"):
+        if getattr(args, name) < (0 if name in ("warmup", "state_bytes") else 1):
+            parser.error(f"--{name.replace('_', '-')} is out of range")
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    started = perf_counter_ns()
+    iterations: int = args.iterations
+    cfg = Config(
+        iterations=iterations,
+        runner_iterations=max(args.runner_iterations or iterations // 2, 1),
+        memory_iterations=max(args.memory_iterations or iterations, 1),
+        warmup=args.warmup,
+        block=args.block,
+        ttl=args.ttl,
+        state=os.urandom(args.state_bytes),
+        samples=args.samples,
+    )
+    report = Report(
+        settings={
+            "iterations": cfg.iterations,
+            "runner_iterations": cfg.runner_iterations,
+            "memory_iterations": cfg.memory_iterations,
+            "warmup": cfg.warmup,
+            "block": cfg.block,
+            "ttl_s": cfg.ttl,
+            "state_bytes": len(cfg.state),
+            "targets": TARGETS,
+            "runner_floor_statements": list(RUNNER_FLOOR),
+        }
+    )
+    output: Path = args.output
+    output.mkdir(parents=True, exist_ok=True)
+
+    with fresh_database(args.dsn) as (database, dsn):
+        _progress(f"benchmarking in database {database}")
+        report.environment = environment(dsn, database)
+        locker: Any | str
+        engine: Any = None
+        if args.skip_pals:
+            locker = "pals skipped (--skip-pals)"
+        else:
+            locker, engine = make_locker(dsn)
+        try:
+            bench_sync(cfg, dsn, report, locker)
+            asyncio.run(bench_async(cfg, dsn, report, locker))
+        finally:
+            if engine is not None:
+                engine.dispose()
+    _progress("  in-memory backend")
+    mem_cfg = replace(cfg, iterations=cfg.memory_iterations)
+    bench_memory_sync(mem_cfg, report)
+    asyncio.run(bench_memory_async(mem_cfg, report))
+
+    report.environment["load_average_at_end"] = list(os.getloadavg())
+    report.runtime_s = (perf_counter_ns() - started) / 1e9
+    (output / "ops.md").write_text(render_markdown(report), encoding="utf-8")
+    (output / "ops.json").write_text(json.dumps(render_json(report), indent=2) + "\n")
+    if not args.skip_chart:
+        why = render_chart(report, output / "ops.png")
+        if why:
+            _progress(why)
+    print(render_markdown(report))
+    print(f"results written to {output}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
