@@ -289,11 +289,11 @@ class Texts:
     @classmethod
     def render(cls, statements: Statements, renewal: Statements, conn: AdaptContext) -> Texts:
         return cls(
-            acquire=statements.acquire.as_bytes(conn),
-            read_checkpoint=statements.read_checkpoint.as_bytes(conn),
-            checkpoint=statements.checkpoint.as_bytes(conn),
-            renew=renewal.renew.as_bytes(conn),
-            release=statements.release.as_bytes(conn),
+            acquire=statements.acquire,
+            read_checkpoint=statements.read_checkpoint,
+            checkpoint=statements.checkpoint,
+            renew=renewal.renew,
+            release=statements.release,
         )
 
 

@@ -85,7 +85,7 @@ def _connect(dsn: str) -> psycopg.Connection[tuple[Any, ...]]:
 def _query(
     conn: psycopg.Connection[tuple[Any, ...]],
     operation: str,
-    statement: sql.Composed,
+    statement: bytes,
     params: dict[str, Any],
 ) -> tuple[list[tuple[Any, ...]], int]:
     """Run one backend statement (READ COMMITTED pinned, client-side binding)."""

@@ -89,8 +89,9 @@ class Statements:
         table = sql.Identifier(self.schema, TABLE) if self.schema else sql.Identifier(TABLE)
         pin = sql.SQL(_PIN)
 
-        def build(text: str) -> sql.Composed:
-            return pin + sql.SQL(text).format(table=table)
+        def build(text: str) -> bytes:
+            # Rendered once: composing on every call costs more than a cheap read itself.
+            return (pin + sql.SQL(text).format(table=table)).as_bytes(None)
 
         owned = "work_id = %(work_id)s AND holder_id = %(holder_id)s AND fencing_token = %(token)s"
         self.acquire = build(

@@ -7,7 +7,7 @@ from types import TracebackType
 from typing import Any
 
 import psycopg
-from psycopg import AsyncClientCursor, AsyncConnection, sql
+from psycopg import AsyncClientCursor, AsyncConnection
 from psycopg.rows import tuple_row
 from psycopg_pool import AsyncConnectionPool
 
@@ -21,7 +21,7 @@ from .backend import StateLike
 
 __all__ = ["AsyncPostgresBackend"]
 
-_CURRENT_SCHEMA = sql.SQL("SET TRANSACTION ISOLATION LEVEL READ COMMITTED; SELECT current_schema()")
+_CURRENT_SCHEMA = b"SET TRANSACTION ISOLATION LEVEL READ COMMITTED; SELECT current_schema()"
 
 _RENEWAL_POOL_SIZE = 4
 
@@ -195,7 +195,7 @@ class AsyncPostgresBackend:
     async def _run(
         self,
         operation: str,
-        statement: Any,
+        statement: bytes,
         params: dict[str, Any],
         *,
         pool: AsyncConnectionPool[Any] | None = None,
@@ -215,7 +215,8 @@ class AsyncPostgresBackend:
                     await cursor.execute(statement, params)
                     while cursor.nextset():
                         pass
-                    rows = await cursor.fetchall() if cursor.description else []
+                    result = cursor.pgresult
+                    rows = await cursor.fetchall() if result and result.ntuples else []
                     return rows, cursor.rowcount
                 except BaseException as exc:
                     if must_discard(exc):

@@ -10,7 +10,7 @@ from types import TracebackType
 from typing import Any
 
 import psycopg
-from psycopg import ClientCursor, Connection, sql
+from psycopg import ClientCursor, Connection
 from psycopg.rows import tuple_row
 from psycopg_pool import ConnectionPool
 
@@ -24,7 +24,7 @@ from .backend import StateLike
 
 __all__ = ["PostgresBackend"]
 
-_CURRENT_SCHEMA = sql.SQL("SET TRANSACTION ISOLATION LEVEL READ COMMITTED; SELECT current_schema()")
+_CURRENT_SCHEMA = b"SET TRANSACTION ISOLATION LEVEL READ COMMITTED; SELECT current_schema()"
 
 _RENEWAL_POOL_SIZE = 4
 
@@ -198,7 +198,7 @@ class PostgresBackend:
     def _run(
         self,
         operation: str,
-        statement: Any,
+        statement: bytes,
         params: dict[str, Any],
         *,
         pool: ConnectionPool[Any] | None = None,
@@ -218,7 +218,8 @@ class PostgresBackend:
                     cursor.execute(statement, params)
                     while cursor.nextset():
                         pass
-                    rows = cursor.fetchall() if cursor.description else []
+                    result = cursor.pgresult
+                    rows = cursor.fetchall() if result and result.ntuples else []
                     return rows, cursor.rowcount
                 except BaseException as exc:
                     if must_discard(exc):
