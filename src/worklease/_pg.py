@@ -45,17 +45,12 @@ def check_schema_name(schema: object) -> str | None:
     return schema
 
 
-def schema_sql(schema: str | None = None) -> str:
-    """The DDL that creates the worklease table, sequence and index (idempotent).
+def _canonical() -> str:
+    return resources.files("worklease").joinpath("schema.sql").read_text(encoding="utf-8")
 
-    With ``schema``, the objects are created in (and the script first creates) that PostgreSQL
-    schema; identifiers are quoted.
-    """
-    text = resources.files("worklease").joinpath("schema.sql").read_text(encoding="utf-8")
-    name = check_schema_name(schema)
-    if name is None:
-        return text
-    quoted = sql.Identifier(name).as_string()
+
+def _qualify(text: str, quoted: str) -> str:
+    """Put the canonical DDL's objects into the (already quoted) schema ``quoted``."""
     replacements = [
         (f"SEQUENCE IF NOT EXISTS {SEQUENCE};", f"SEQUENCE IF NOT EXISTS {quoted}.{SEQUENCE};"),
         (f"TABLE IF NOT EXISTS {TABLE} (", f"TABLE IF NOT EXISTS {quoted}.{TABLE} ("),
@@ -63,10 +58,23 @@ def schema_sql(schema: str | None = None) -> str:
         (f"ON {TABLE} (updated_at)", f"ON {quoted}.{TABLE} (updated_at)"),
     ]
     for old, new in replacements:
-        if text.count(old) != 1:  # pragma: no cover - guards edits of schema.sql
-            raise AssertionError(f"schema.sql no longer contains {old!r} exactly once")
-        text = text.replace(old, new)
-    body = text.split("\n", 3)
+        if old in text:
+            text = text.replace(old, new)
+    return text
+
+
+def schema_sql(schema: str | None = None) -> str:
+    """The DDL that creates the worklease table, sequence and index (idempotent).
+
+    With ``schema``, the objects are created in (and the script first creates) that PostgreSQL
+    schema; identifiers are quoted.
+    """
+    text = _canonical()
+    name = check_schema_name(schema)
+    if name is None:
+        return text
+    quoted = sql.Identifier(name).as_string()
+    body = _qualify(text, quoted).split("\n", 3)
     header, rest = "\n".join(body[:3]), body[3]
     return f"{header}\nCREATE SCHEMA IF NOT EXISTS {quoted};\n\n{rest}"
 
@@ -76,9 +84,19 @@ def _quote_literal(value: str) -> str:
 
 
 def schema_statements(schema: str | None = None) -> list[str]:
-    """``schema_sql`` split into single statements (comments dropped)."""
-    lines = [line for line in schema_sql(schema).splitlines() if not line.startswith("--")]
-    return [part.strip() for part in "\n".join(lines).split(";") if part.strip()]
+    """The statements of ``schema_sql(schema)``, one by one.
+
+    The canonical file (which quotes nothing) is split first and the schema put in afterwards,
+    so a schema name containing ``;`` or ``--`` stays one quoted identifier.
+    """
+    lines = [line for line in _canonical().splitlines() if not line.lstrip().startswith("--")]
+    canonical = [part.strip() for part in "\n".join(lines).split(";") if part.strip()]
+    name = check_schema_name(schema)
+    if name is None:
+        return canonical
+    quoted = sql.Identifier(name).as_string()
+    qualified = [_qualify(statement + ";", quoted)[:-1] for statement in canonical]
+    return [f"CREATE SCHEMA IF NOT EXISTS {quoted}", *qualified]
 
 
 class Statements:

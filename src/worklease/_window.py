@@ -10,7 +10,6 @@ import random
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import UTC, datetime
 
 from ._acompat import ThreadLock
 from ._models import Token
@@ -113,20 +112,19 @@ class TokenSeal:
 def seal_token(raw: Token, issuer: object, call_start: float, ttl: float) -> Token:
     """Return ``raw`` sealed for ``issuer``, with its initial lease window.
 
-    The window starts at the earlier of the backend's expiry (converted to the monotonic
-    clock now) and the start of the acquire call plus the TTL, so it never exceeds the real
-    expiry whatever the offset between the two clocks.
+    The window ends at the start of the acquire call plus the TTL, on the local monotonic
+    clock. The backend set the expiry to its own "now" (which is later than the call's
+    start) plus the same TTL, so the window never outlasts the real lease, whatever the offset
+    between the clocks. The token's ``expires_at`` (backend clock) is deliberately not read
+    through the local wall clock: a wall clock that is off, or jumps, must not change what the
+    holder believes (the backend protocol requires expiry = backend now + ttl).
     """
     if not isinstance(raw, Token):
         raise TypeError(f"backend acquire returned {type(raw).__name__}, expected Token")
-    now_mono = monotonic()
-    expires_at = raw.expires_at
-    if expires_at.tzinfo is None:
+    if raw.expires_at.tzinfo is None:
         raise ValueError("backend returned a naive expires_at; it must be timezone-aware")
-    by_expiry = now_mono + (expires_at - datetime.now(UTC)).total_seconds()
-    token = Token(raw.work_id, raw.holder_id, raw.fencing_token, expires_at)
-    seal = TokenSeal(issuer, token, min(by_expiry, call_start + ttl))
-    object.__setattr__(token, "_seal", seal)
+    token = Token(raw.work_id, raw.holder_id, raw.fencing_token, raw.expires_at)
+    object.__setattr__(token, "_seal", TokenSeal(issuer, token, call_start + ttl))
     return token
 
 
@@ -163,6 +161,7 @@ class LeaseWindow:
         self._lock = ThreadLock()
         self._end = end
         self._trying_since: float | None = None
+        self._due: float | None = None
         self._cause: LeaseLostError | None = None
         self._stopped = False
 
@@ -180,9 +179,14 @@ class LeaseWindow:
             return self._check(monotonic() if now is None else now)
 
     def _check(self, now: float) -> LeaseLostError | None:
-        if self._cause is None and not self._stopped:
+        if self._cause is None and not self._stopped and self._end <= now:
             since = self._trying_since
-            if since is not None and since < self._end <= now:
+            due = self._due
+            # Lost when a renewal that began (or was due to begin) inside the window has not
+            # succeeded by its end: a stalled call, or a starved renewal that never got to run.
+            # A renewal due only after the window closed (interval longer than the TTL) still
+            # runs, to tell a lapsed lease from a stalled database.
+            if (since is not None and since < self._end) or (due is not None and due < self._end):
                 self._cause = self._exhausted()
         return self._cause
 
@@ -201,6 +205,11 @@ class LeaseWindow:
             if self._stopped or self._check(now) is not None:
                 return None
             return max(self._end - now, 0.0)
+
+    def schedule(self, due: float) -> None:
+        """The next renewal attempt is due at ``due`` (monotonic)."""
+        with self._lock:
+            self._due = due
 
     def begin_attempt(self, now: float) -> float:
         """Mark a renewal attempt as started; return the seconds left in the window.
@@ -221,6 +230,7 @@ class LeaseWindow:
                 return False
             self._end = max(self._end, call_start + ttl)
             self._trying_since = None
+            self._due = None
             return True
 
     def extend(self, call_start: float, ttl: float) -> None:

@@ -47,11 +47,9 @@ class FakeClock:
     only through :meth:`advance` and :meth:`set`. Pass it to the in-memory backend as
     ``clock=``.
 
-    Renewals track the lease window on the real monotonic clock, starting from the earlier of
-    the token's expiry and the acquire call plus the TTL. A fake clock set far in the past
-    makes tokens look already expired to the renewal (``remaining()`` is 0 at once); one
-    advanced far ahead changes nothing for it. Expire leases by advancing the clock after
-    acquiring, as the tests of this package do.
+    Renewals track the lease window on the real monotonic clock (the acquire call's start plus
+    the TTL), so the fake clock only decides what the backend sees: expire a lease by
+    advancing the clock past its TTL after acquiring.
     """
 
     def __init__(self, start: datetime | None = None) -> None:

@@ -113,6 +113,7 @@ class AsyncRenewal:
             raise RuntimeError("a renewal runs once; ask the lease for a new one")
         self._entered = True
         self._window.start(self._seal.window_end)
+        self._window.schedule(monotonic() + self._interval)  # due even if never scheduled
         self._seal.attach(self._window, self.stop)
         self._canceller.bind()
         self._context = _current.set(self)
@@ -145,7 +146,10 @@ class AsyncRenewal:
 
     async def _run(self) -> None:
         try:
-            while not await self._wake.wait_timeout(self._interval):
+            while True:
+                self._window.schedule(monotonic() + self._interval)
+                if await self._wake.wait_timeout(self._interval):
+                    return
                 if self._window.stopped or await self._cycle():
                     return
         except Exception as exc:

@@ -137,13 +137,17 @@ class PostgresBackend:
         """Create the worklease table, sequence and index if missing (idempotent).
 
         Runs in one transaction under an advisory lock, so concurrent migrations do not race.
+        Driver errors are raised as ``BackendError``.
         """
         statements = schema_statements(schema)
-        if isinstance(conn_or_pool, ConnectionPool):
-            with conn_or_pool.connection() as conn:
-                _apply(conn, statements)
-        else:
-            _apply(conn_or_pool, statements)
+        try:
+            if isinstance(conn_or_pool, ConnectionPool):
+                with conn_or_pool.connection() as conn:
+                    _apply(conn, statements)
+            else:
+                _apply(conn_or_pool, statements)
+        except psycopg.Error as exc:
+            raise map_error(exc, "apply_schema") from exc
 
     # -- plumbing -----------------------------------------------------------------------------
 

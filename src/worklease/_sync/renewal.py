@@ -116,6 +116,7 @@ class Renewal:
             raise RuntimeError("a renewal runs once; ask the lease for a new one")
         self._entered = True
         self._window.start(self._seal.window_end)
+        self._window.schedule(monotonic() + self._interval)  # due even if never scheduled
         self._seal.attach(self._window, self.stop)
         self._canceller.bind()
         self._context = _current.set(self)
@@ -148,7 +149,10 @@ class Renewal:
 
     def _run(self) -> None:
         try:
-            while not self._wake.wait(self._interval):
+            while True:
+                self._window.schedule(monotonic() + self._interval)
+                if self._wake.wait(self._interval):
+                    return
                 if self._window.stopped or self._cycle():
                     return
         except Exception as exc:
