@@ -36,8 +36,9 @@ def is_permanent(error: BaseException) -> bool:
     """Whether ``error``, or an exception it was raised from, says it is permanent.
 
     Any exception with a ``permanent()`` method returning true qualifies (``PermanentError``
-    and ``worklease.permanent(exc)`` among them); the ``__cause__``/``__context__`` chain is
-    searched.
+    and ``worklease.permanent(exc)`` among them). The chain is followed through explicit
+    wrapping only (``__cause__``, as ``raise ... from exc`` sets it), not through exceptions
+    that were merely being handled when it was raised.
     """
     seen: set[int] = set()
     current: BaseException | None = error
@@ -50,7 +51,7 @@ def is_permanent(error: BaseException) -> bool:
                     return True
             except Exception:
                 logger.exception("permanent() of %r raised; treated as not permanent", current)
-        current = current.__cause__ or current.__context__
+        current = current.__cause__
     return False
 
 

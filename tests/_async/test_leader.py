@@ -731,18 +731,20 @@ async def test_stop_during_a_term_lets_it_finish(lease: AsyncLease, rival: Async
     assert (await successor_reads(rival)).prev_exit is ExitMode.FINISHED
 
 
-async def test_stopped_before_start(lease: AsyncLease, observer: RecordingObserver) -> None:
-    """A leader stopped before run_forever never stands; run's waits are skipped."""
+async def test_stopped_leader_cannot_run_again(
+    lease: AsyncLease, observer: RecordingObserver
+) -> None:
+    """A stopped leader is done: run and run_forever refuse to start (no silent spinning)."""
     log = Log()
     leader = leader_for(lease, log, backoff_interval=LONG, idle_interval=LONG)
     leader.stop()
     assert leader.stopping
-    await leader.run_forever(lambda token: None)
+    with pytest.raises(RuntimeError, match="stopped"):
+        await leader.run_forever(lambda token: None)
+    with pytest.raises(RuntimeError, match="stopped"):
+        await leader.run(lambda token: None)
     assert observer.events == []
-    start = monotonic()
-    await leader.run(lambda token: None)  # a single attempt still runs, without pausing
-    assert monotonic() - start < PROMPT
-    assert log.names() == ["elected", "relinquished"]
+    assert log.names() == []
 
 
 # -- configuration ------------------------------------------------------------------------------

@@ -87,8 +87,8 @@ def test_permanent_through_cause_chain() -> None:
     assert is_permanent(top)
 
 
-def test_permanent_through_context_chain() -> None:
-    """... and down the implicit __context__ chain (raised while handling)."""
+def test_not_permanent_through_the_implicit_context() -> None:
+    """An error merely raised while handling a permanent one is not permanent itself."""
     caught: BaseException | None = None
     try:
         try:
@@ -100,7 +100,7 @@ def test_permanent_through_context_chain() -> None:
     assert caught is not None
     assert caught.__cause__ is None
     assert isinstance(caught.__context__, PermanentError)
-    assert is_permanent(caught)
+    assert not is_permanent(caught)
 
 
 def test_chain_without_permanent() -> None:
@@ -114,11 +114,11 @@ def test_cycles_end() -> None:
     """A cyclic chain is searched once and ends."""
     a, b, c = ValueError("a"), KeyError("b"), Says(False)
     a.__cause__ = b
-    b.__context__ = c
+    b.__cause__ = c
     c.__cause__ = a
     assert not is_permanent(a)
     self_loop = ValueError("self")
-    self_loop.__context__ = self_loop
+    self_loop.__cause__ = self_loop
     assert not is_permanent(self_loop)
     d, e = ValueError("d"), Says(True)
     d.__cause__ = d.__context__ = e

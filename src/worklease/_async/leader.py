@@ -7,7 +7,7 @@ from datetime import timedelta
 
 from .._acompat import AEvent, acall, acleanup
 from .._models import ExitMode, Token
-from .._pacing import interval, jittered
+from .._pacing import WaitPacing, interval, jittered
 from .._types import AsyncTokenCallback
 from .._validation import check_work_id
 from .._window import Backoff
@@ -40,10 +40,12 @@ class AsyncLeader:
     outside cancellation), and nothing is released then.
 
     Pacing: when somebody else leads, ``run`` waits ``idle_interval`` (plus up to 20 %) and
-    raises ``LeaseHeldError``; after another acquire error, and after every term that did not
-    end fenced, it waits ``backoff_interval``. Cancellation ends any wait at once; so does
-    ``stop()``. ``run_forever(fn)`` stands for election again after each term or attempt until
-    cancelled or stopped; an exception from ``fn`` is logged and ends only that term.
+    raises ``LeaseHeldError`` (with ``acquire_wait=True`` it waits for the lease instead); after
+    another acquire error, and after every term that did not end fenced, it waits
+    ``backoff_interval``. Cancellation ends any wait at once; so does ``stop()``.
+    ``run_forever(fn)`` stands for election again after each term or attempt until cancelled
+    or stopped; an exception from ``fn`` is logged and ends only that term. A stopped leader
+    cannot run again (``RuntimeError``): build a new one.
 
     Callbacks run in the electing task or thread; exceptions they raise are logged.
     """
@@ -111,32 +113,60 @@ class AsyncLeader:
     async def run_forever(self, fn: AsyncTokenCallback) -> None:
         """Stand for election, term after term, until cancelled or ``stop()``."""
         _check_fn(fn)
+        self._refuse_if_stopped()
         while not self._stop.is_set():
             try:
-                await self.run(fn)
+                await self._term(fn)
             except (LeaseHeldError, FencedError):
-                pass  # somebody else leads, or we were fenced: stand again (run paced itself)
+                pass  # somebody else leads, or we were fenced: stand again (paced already)
             except Exception:
                 logger.exception("worklease leader term for %r failed", self._work_id)
 
     async def run(self, fn: AsyncTokenCallback) -> None:
         """One election attempt; see the class documentation."""
         _check_fn(fn)
+        self._refuse_if_stopped()
+        await self._term(fn)
+
+    def _refuse_if_stopped(self) -> None:
+        if self._stop.is_set():
+            raise RuntimeError("this leader was stopped; build a new one to stand again")
+
+    async def _acquire(self) -> Token:
+        """Acquire, waiting (stop-aware) when ``acquire_wait`` is set."""
+        lease = self._lease
+        if not self._acquire_wait:
+            return await lease.acquire(self._work_id)
+        pacing = WaitPacing(self._poll_interval)
+        while True:
+            try:
+                return await lease.acquire(self._work_id)
+            except LeaseHeldError as held:
+                if self._stop.is_set():
+                    raise
+                await self._pause(pacing.next_delay(held.expires_at))
+
+    async def _term(self, fn: AsyncTokenCallback) -> None:
         lease = self._lease
         try:
-            token = await lease.acquire(
-                self._work_id, wait=self._acquire_wait, poll_interval=self._poll_interval
-            )
+            token = await self._acquire()
         except LeaseHeldError:
             await self._pause(jittered(self._idle_interval))
             raise
         except Exception:
             await self._pause(self._backoff_interval)
             raise
-        await self._callback(self._on_elected, token)
-        renewal = lease.renewal(
-            token, interval=self._renewal_interval, backoff=self._renewal_backoff
-        )
+        try:
+            await self._callback(self._on_elected, token)
+            renewal = lease.renewal(
+                token, interval=self._renewal_interval, backoff=self._renewal_backoff
+            )
+        except BaseException as exc:  # cancelled before the term began: hand the lease back
+            try:
+                await acleanup(self._cleanup_timeout, lease.release, token, ExitMode.ABANDONED)
+            except Exception as release_error:
+                exc.add_note(f"worklease: releasing leadership failed: {release_error!r}")
+            raise
         error: BaseException | None = None
         try:
             async with renewal:
@@ -151,12 +181,18 @@ class AsyncLeader:
         if isinstance(error, FencedError):
             raise error
         if isinstance(cause, FencedError):
+            if error is not None and isinstance(error, Exception):
+                raise _loss(cause) from error  # the term's own outcome, recorded nowhere
             raise _loss(cause)
         if cause is not None:  # lapsed or window exhausted: record nothing
             if error is not None and not isinstance(error, Exception):
                 raise error
             await self._pause(self._backoff_interval)
-            raise error if error is not None else _loss(cause)
+            if error is None:
+                raise _loss(cause)
+            if isinstance(error, Retire):  # nothing was recorded: not a success
+                raise _loss(cause) from error
+            raise error
         await self._relinquish(token, error)
 
     async def _relinquish(self, token: Token, error: BaseException | None) -> None:
@@ -170,6 +206,8 @@ class AsyncLeader:
         try:
             await acleanup(self._cleanup_timeout, finish, self._lease, token, state, mode)
         except FencedError:
+            if error is not None and not isinstance(error, Exception):
+                raise error from None  # a cancellation or interrupt must not be swallowed
             raise
         except Exception as release_error:
             if error is not None and not isinstance(error, Exception):

@@ -146,12 +146,16 @@ class AsyncRenewal:
 
     async def _run(self) -> None:
         try:
+            # A window already closed at the start (a slow step between acquire and renewal):
+            # renew at once, to learn whether the lease is still held.
+            wait = 0.0 if self._window.end <= monotonic() else self._interval
             while True:
-                self._window.schedule(monotonic() + self._interval)
-                if await self._wake.wait_timeout(self._interval):
+                self._window.schedule(monotonic() + wait)
+                if await self._wake.wait_timeout(wait):
                     return
                 if self._window.stopped or await self._cycle():
                     return
+                wait = self._interval
         except Exception as exc:
             # A bug here must not leave the holder believing it holds a lease nobody renews.
             logger.exception("worklease renewal of %r failed unexpectedly", self._token)

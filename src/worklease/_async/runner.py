@@ -91,6 +91,4 @@ class AsyncRunner:
             backoff=self._renewal_backoff,
             cleanup_timeout=self._cleanup_timeout,
         ) as held:
-            state = await acall(self._work, held.token, held.prior)
-            if state is not None:
-                await held.checkpoint(state)
+            held.finish_with(await acall(self._work, held.token, held.prior))

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 
 from .._acompat import cleanup
 from .._models import Checkpoint, ExitMode, Token
+from .._validation import normalize_state
 from .._window import Backoff, fresh
 from ..errors import FencedError, Retire
 from .backend import StateLike
@@ -29,7 +30,7 @@ class Hold:
     the object then offers ``token``, ``prior`` (the ``Checkpoint`` read at the start),
     ``renewal`` and ``checkpoint(state)``. Leaving releases the lease:
 
-    - normal exit → FINISHED;
+    - normal exit → FINISHED (after writing the state given to ``finish_with``, if any);
     - ``raise Retire(state)`` → ``state`` (if not ``None``) is checkpointed, then RETIRED; the
       ``Retire`` does not propagate;
     - any other exception, and cancellation → ABANDONED (the last checkpoint stays), and the
@@ -68,6 +69,7 @@ class Hold:
         self._token: Token | None = None
         self._prior: Checkpoint | None = None
         self._renewal: Renewal | None = None
+        self._final: StateLike | None = None
 
     @property
     def work_id(self) -> str:
@@ -98,6 +100,13 @@ class Hold:
         """Write a progress checkpoint (and extend the lease) with the held token."""
         self._lease.checkpoint(self.token, state)
 
+    def finish_with(self, state: StateLike | None) -> None:
+        """Write ``state`` as the final checkpoint when the block exits normally, right before
+        releasing FINISHED, as part of the final writes (bounded by the cleanup timeout and
+        surviving cancellation). ``None`` keeps the last checkpoint; empty bytes clear it."""
+        normalize_state(state)  # refuse a non-bytes state now, inside the block
+        self._final = state
+
     def __enter__(self) -> Hold:
         if self._token is not None:
             raise RuntimeError("a hold is entered once; ask the lease for a new one")
@@ -115,8 +124,11 @@ class Hold:
             renewal.__enter__()
         except Exception:
             raise  # the lease lapses after its TTL: the successor sees EXPIRED
-        except BaseException:
-            cleanup(self._cleanup_timeout, lease.release, token, ExitMode.ABANDONED)
+        except BaseException as exc:  # cancelled or interrupted: hand the lease back
+            try:
+                cleanup(self._cleanup_timeout, lease.release, token, ExitMode.ABANDONED)
+            except Exception as release_error:
+                exc.add_note(f"worklease: releasing as abandoned failed: {release_error!r}")
             raise
         self._renewal = renewal
         return self
@@ -141,8 +153,9 @@ class Hold:
             cleanup(self._cleanup_timeout, finish, self._lease, token, exc.state, ExitMode.RETIRED)
             return True
         mode = ExitMode.FINISHED if exc is None else ExitMode.ABANDONED
+        final = self._final if exc is None else None
         try:
-            cleanup(self._cleanup_timeout, self._lease.release, token, mode)
+            cleanup(self._cleanup_timeout, finish, self._lease, token, final, mode)
         except Exception as error:
             if exc is None:
                 raise

@@ -10,7 +10,7 @@ from datetime import timedelta
 
 from .._acompat import Event, call, cleanup
 from .._models import ExitMode, Token
-from .._pacing import interval, jittered
+from .._pacing import WaitPacing, interval, jittered
 from .._types import TokenCallback
 from .._validation import check_work_id
 from .._window import Backoff
@@ -43,10 +43,12 @@ class Leader:
     outside cancellation), and nothing is released then.
 
     Pacing: when somebody else leads, ``run`` waits ``idle_interval`` (plus up to 20 %) and
-    raises ``LeaseHeldError``; after another acquire error, and after every term that did not
-    end fenced, it waits ``backoff_interval``. Cancellation ends any wait at once; so does
-    ``stop()``. ``run_forever(fn)`` stands for election again after each term or attempt until
-    cancelled or stopped; an exception from ``fn`` is logged and ends only that term.
+    raises ``LeaseHeldError`` (with ``acquire_wait=True`` it waits for the lease instead); after
+    another acquire error, and after every term that did not end fenced, it waits
+    ``backoff_interval``. Cancellation ends any wait at once; so does ``stop()``.
+    ``run_forever(fn)`` stands for election again after each term or attempt until cancelled
+    or stopped; an exception from ``fn`` is logged and ends only that term. A stopped leader
+    cannot run again (``RuntimeError``): build a new one.
 
     Callbacks run in the electing task or thread; exceptions they raise are logged.
     """
@@ -114,32 +116,60 @@ class Leader:
     def run_forever(self, fn: TokenCallback) -> None:
         """Stand for election, term after term, until cancelled or ``stop()``."""
         _check_fn(fn)
+        self._refuse_if_stopped()
         while not self._stop.is_set():
             try:
-                self.run(fn)
+                self._term(fn)
             except (LeaseHeldError, FencedError):
-                pass  # somebody else leads, or we were fenced: stand again (run paced itself)
+                pass  # somebody else leads, or we were fenced: stand again (paced already)
             except Exception:
                 logger.exception("worklease leader term for %r failed", self._work_id)
 
     def run(self, fn: TokenCallback) -> None:
         """One election attempt; see the class documentation."""
         _check_fn(fn)
+        self._refuse_if_stopped()
+        self._term(fn)
+
+    def _refuse_if_stopped(self) -> None:
+        if self._stop.is_set():
+            raise RuntimeError("this leader was stopped; build a new one to stand again")
+
+    def _acquire(self) -> Token:
+        """Acquire, waiting (stop-aware) when ``acquire_wait`` is set."""
+        lease = self._lease
+        if not self._acquire_wait:
+            return lease.acquire(self._work_id)
+        pacing = WaitPacing(self._poll_interval)
+        while True:
+            try:
+                return lease.acquire(self._work_id)
+            except LeaseHeldError as held:
+                if self._stop.is_set():
+                    raise
+                self._pause(pacing.next_delay(held.expires_at))
+
+    def _term(self, fn: TokenCallback) -> None:
         lease = self._lease
         try:
-            token = lease.acquire(
-                self._work_id, wait=self._acquire_wait, poll_interval=self._poll_interval
-            )
+            token = self._acquire()
         except LeaseHeldError:
             self._pause(jittered(self._idle_interval))
             raise
         except Exception:
             self._pause(self._backoff_interval)
             raise
-        self._callback(self._on_elected, token)
-        renewal = lease.renewal(
-            token, interval=self._renewal_interval, backoff=self._renewal_backoff
-        )
+        try:
+            self._callback(self._on_elected, token)
+            renewal = lease.renewal(
+                token, interval=self._renewal_interval, backoff=self._renewal_backoff
+            )
+        except BaseException as exc:  # cancelled before the term began: hand the lease back
+            try:
+                cleanup(self._cleanup_timeout, lease.release, token, ExitMode.ABANDONED)
+            except Exception as release_error:
+                exc.add_note(f"worklease: releasing leadership failed: {release_error!r}")
+            raise
         error: BaseException | None = None
         try:
             with renewal:
@@ -154,12 +184,18 @@ class Leader:
         if isinstance(error, FencedError):
             raise error
         if isinstance(cause, FencedError):
+            if error is not None and isinstance(error, Exception):
+                raise _loss(cause) from error  # the term's own outcome, recorded nowhere
             raise _loss(cause)
         if cause is not None:  # lapsed or window exhausted: record nothing
             if error is not None and not isinstance(error, Exception):
                 raise error
             self._pause(self._backoff_interval)
-            raise error if error is not None else _loss(cause)
+            if error is None:
+                raise _loss(cause)
+            if isinstance(error, Retire):  # nothing was recorded: not a success
+                raise _loss(cause) from error
+            raise error
         self._relinquish(token, error)
 
     def _relinquish(self, token: Token, error: BaseException | None) -> None:
@@ -173,6 +209,8 @@ class Leader:
         try:
             cleanup(self._cleanup_timeout, finish, self._lease, token, state, mode)
         except FencedError:
+            if error is not None and not isinstance(error, Exception):
+                raise error from None  # a cancellation or interrupt must not be swallowed
             raise
         except Exception as release_error:
             if error is not None and not isinstance(error, Exception):

@@ -62,12 +62,16 @@ class Pool:
     - any other failure → wait ``backoff_interval`` (``on_slot_backoff``).
 
     ``run()`` returns when every slot stopped, raising ``AllSlotsDeadError`` if all of them
-    failed permanently. Cancelling it (asyncio) or calling ``stop()`` ends the pool
-    gracefully: every slot running its work function releases ABANDONED keeping its last
-    checkpoint (bounded by ``cleanup_timeout``) before ``run`` returns. A thread cannot be
-    interrupted: with threads, ``stop()`` wakes waiting slots at once and running work
-    functions finish first (they may poll ``pool.stopping``). ``active_slots()`` lists the work
-    IDs whose work function is running.
+    failed permanently. With asyncio, cancelling ``run()`` or calling ``stop()`` ends the pool
+    gracefully: every slot running its work function is cancelled and releases ABANDONED
+    keeping its last checkpoint (bounded by ``cleanup_timeout``) before ``run`` returns. A
+    thread cannot be interrupted: with threads, ``stop()`` wakes waiting slots at once, and a
+    running work function finishes first, its slot then releasing as usual (FINISHED with the
+    state it returned, ABANDONED if it raised); work functions may poll ``pool.stopping`` to end
+    early. On ``KeyboardInterrupt`` the sync ``run()`` stops the pool, waits up to
+    ``cleanup_timeout`` + 1 s for the slots, and re-raises; a work function still running then
+    is left in its daemon thread and its lease lapses (EXPIRED). ``active_slots()`` lists the
+    work IDs whose work function is running. A stopped pool cannot run again.
     """
 
     __module__ = "worklease"
@@ -136,6 +140,8 @@ class Pool:
         with self._lock:
             if self._running:
                 raise RuntimeError("this pool is already running")
+            if self._stop.is_set():
+                raise RuntimeError("this pool was stopped; build a new one to run again")
             self._running = True
             self._dead = 0
         try:

@@ -94,6 +94,4 @@ class Runner:
             backoff=self._renewal_backoff,
             cleanup_timeout=self._cleanup_timeout,
         ) as held:
-            state = call(self._work, held.token, held.prior)
-            if state is not None:
-                held.checkpoint(state)
+            held.finish_with(call(self._work, held.token, held.prior))
