@@ -22,6 +22,7 @@ __all__ = [
     "Event",
     "HostCanceller",
     "ThreadLock",
+    "ThreadRLock",
     "Worker",
     "abounded",
     "acall",
@@ -43,6 +44,9 @@ T = TypeVar("T")
 
 ThreadLock = threading.Lock
 """A lock for critical sections that never wait (used by both flavours)."""
+
+ThreadRLock = threading.RLock
+"""A re-entrant variant, for stores whose operations compose under one lock."""
 
 # -- sleeping -------------------------------------------------------------------------------
 
@@ -206,25 +210,70 @@ def cleanup(timeout: float, fn: Callable[..., T], *args: Any) -> T:
     """Run final writes ``fn(*args)`` in a helper thread, waiting at most ``timeout`` seconds.
 
     On timeout ``TimeoutError`` is raised and the writes are left to finish (or fail) on
-    their own: each is a single atomic statement, so nothing is half-written.
+    their own: each is a single atomic statement, so nothing is half-written. Helper threads
+    are daemon threads kept for reuse, so the common case starts no thread.
     """
-    outcome: list[Any] = []
-
-    def target() -> None:
-        try:
-            outcome.append((True, fn(*args)))
-        except BaseException as exc:
-            outcome.append((False, exc))
-
-    thread = threading.Thread(target=target, name="worklease-cleanup", daemon=True)
-    thread.start()
-    thread.join(timeout)
-    if not outcome:
+    job = _CleanupJob(fn, args)
+    _cleanup_helpers.submit(job)
+    if not job.done.wait(timeout):
         raise TimeoutError(f"cleanup did not finish within {timeout:g}s")
-    ok, value = outcome[0]
-    if not ok:
-        raise value
-    return cast(T, value)
+    if job.error is not None:
+        raise job.error
+    return cast(T, job.result)
+
+
+class _CleanupJob:
+    __slots__ = ("args", "done", "error", "fn", "result")
+
+    def __init__(self, fn: Callable[..., Any], args: tuple[Any, ...]) -> None:
+        self.fn = fn
+        self.args = args
+        self.done = threading.Event()
+        self.result: Any = None
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        try:
+            self.result = self.fn(*self.args)
+        except BaseException as exc:
+            self.error = exc
+        finally:
+            self.done.set()
+
+
+class _CleanupHelpers:
+    """Daemon threads that run final writes; an idle one is reused, a stuck one is left."""
+
+    IDLE_SECONDS = 60.0
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._jobs: list[_CleanupJob] = []
+        self._idle = 0
+        self._wake = threading.Condition(self._lock)
+
+    def submit(self, job: _CleanupJob) -> None:
+        with self._lock:
+            self._jobs.append(job)
+            if self._idle:
+                self._wake.notify()
+                return
+        threading.Thread(target=self._serve, name="worklease-cleanup", daemon=True).start()
+
+    def _serve(self) -> None:
+        while True:
+            with self._lock:
+                while not self._jobs:
+                    self._idle += 1
+                    woken = self._wake.wait(self.IDLE_SECONDS)
+                    self._idle -= 1
+                    if not woken and not self._jobs:
+                        return  # idle long enough: let the thread go
+                job = self._jobs.pop(0)
+            job.run()
+
+
+_cleanup_helpers = _CleanupHelpers()
 
 
 # -- cancelling the body of a renewal -------------------------------------------------------

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
-from ._acompat import ThreadLock
+from ._acompat import ThreadRLock
 from ._failures import fenced, held, lease_expired
 from ._models import Checkpoint, ExitMode, Token
 from ._validation import check_exit_mode, check_work_id, normalize_state
@@ -63,7 +63,7 @@ class MemoryStore:
 
     def __init__(self, clock: Callable[[], datetime] | None = None) -> None:
         self._now = clock or system_clock
-        self._lock = ThreadLock()
+        self._lock = ThreadRLock()
         self._rows: dict[str, _Row] = {}
         self._last_token = 0
 
@@ -105,6 +105,14 @@ class MemoryStore:
                 row.exit_mode = None
                 row.updated_at = now
             return Token(work_id, holder_id, self._last_token, expires_at)
+
+    def acquire_with_checkpoint(
+        self, work_id: str, holder_id: str, ttl: float
+    ) -> tuple[Token, Checkpoint]:
+        """Acquire and read the new holder's checkpoint in one step."""
+        with self._lock:
+            token = self.acquire(work_id, holder_id, ttl)
+            return token, self.read_checkpoint(token)
 
     def _owned(self, token: Token, operation: str) -> _Row:
         row = self._rows.get(token.work_id)

@@ -112,9 +112,8 @@ class Statements:
             return (pin + sql.SQL(text).format(table=table)).as_bytes(None)
 
         owned = "work_id = %(work_id)s AND holder_id = %(holder_id)s AND fencing_token = %(token)s"
-        self.acquire = build(
-            """WITH granted AS (
-    INSERT INTO {table} AS l (work_id, holder_id, expires_at)
+        acquire = """WITH granted AS (
+    INSERT INTO {{table}} AS l (work_id, holder_id, expires_at)
     VALUES (%(work_id)s, %(holder_id)s, now() + %(ttl)s)
     ON CONFLICT (work_id) DO UPDATE SET
         holder_id = EXCLUDED.holder_id,
@@ -125,16 +124,24 @@ class Statements:
         prev_holder_id = l.holder_id,
         updated_at = now()
     WHERE l.expires_at < now()
-    RETURNING fencing_token, expires_at
+    RETURNING fencing_token, expires_at{granted_extra}
 )
-SELECT true, fencing_token, expires_at, NULL::text, current_schema() FROM granted
+SELECT true, fencing_token, expires_at, NULL::text, current_schema(){granted_extra} FROM granted
 UNION ALL
 SELECT false, NULL::bigint,
        CASE WHEN expires_at >= now() THEN expires_at END,
        CASE WHEN expires_at >= now() THEN holder_id END,
-       current_schema()
-FROM {table}
+       current_schema(){held_extra}
+FROM {{table}}
 WHERE work_id = %(work_id)s AND NOT EXISTS (SELECT 1 FROM granted)"""
+        self.acquire = build(acquire.format(granted_extra="", held_extra=""))
+        # The same upsert returning what the new holder reads first: the runner's cycle then
+        # needs no separate read.
+        self.acquire_reading = build(
+            acquire.format(
+                granted_extra=", checkpoint, prev_exit_mode, prev_holder_id",
+                held_extra=", NULL::bytea, NULL::text, NULL::text",
+            )
         )
         self.checkpoint = build(
             f"""WITH written AS (
@@ -213,14 +220,24 @@ ORDER BY work_id"""
     @staticmethod
     def acquired(rows: list[tuple[Any, ...]], work_id: str, holder_id: str) -> Token:
         if rows and rows[0][0]:
-            _, fencing_token, expires_at, _, _ = rows[0]
+            fencing_token, expires_at = rows[0][1], rows[0][2]
             return Token(work_id, holder_id, int(fencing_token), _utc(expires_at))
         if rows and rows[0][2] is not None:
-            _, _, expires_at, current_holder, _ = rows[0]
+            expires_at, current_holder = rows[0][2], rows[0][3]
             raise held(work_id, current_holder, _utc(expires_at))
         # Somebody acquired it concurrently: the row as this statement saw it names the
         # previous holder (or no row yet), not the winner, so report no holder at all.
         raise held(work_id, None, None)
+
+    @staticmethod
+    def prior(rows: list[tuple[Any, ...]]) -> Checkpoint:
+        """The checkpoint an ``acquire_reading`` grant returned."""
+        state, prev_exit, prev_holder = rows[0][5:8]
+        return Checkpoint(
+            bytes(state) if state is not None else None,
+            ExitMode.from_stored(prev_exit),
+            prev_holder,
+        )
 
     @staticmethod
     def written(rows: list[tuple[Any, ...]], token: Token, operation: str) -> None:

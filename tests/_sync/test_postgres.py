@@ -39,6 +39,8 @@ from worklease import (
     Token,
     Vacuum,
 )
+from worklease.observers import ReadCheckpointEvent
+from worklease.testing import RecordingObserver
 
 pytestmark = pytest.mark.postgres
 
@@ -586,3 +588,21 @@ def test_renewals_follow_the_application_pools_search_path(postgres_dsn: str) ->
         assert pg.execute(postgres_dsn, "SELECT count(*) FROM worklease_leases") == [(0,)]
     finally:
         pg.execute(postgres_dsn, f"DROP SCHEMA IF EXISTS {schema} CASCADE")
+
+
+def test_runner_reads_the_prior_checkpoint_with_the_acquire(
+    backend: PostgresBackend,
+) -> None:
+    """The runner's cycle is three statements: the prior checkpoint comes with the acquire."""
+    observer = RecordingObserver()
+    lease = Lease(backend, holder_id="worker-1", ttl=TTL, observer=observer)
+
+    def work(token: Token, prior: Checkpoint) -> bytes:
+        return b"done"
+
+    Runner(lease, work).run("three")
+    names = observer.names()
+    assert names == ["AcquireEvent", "ReadCheckpointEvent", "CheckpointEvent", "ReleaseEvent"]
+    (read,) = observer.of_type(ReadCheckpointEvent)
+    assert read.duration == 0.0  # answered by the acquire statement itself
+    assert read.prev_exit is ExitMode.NONE

@@ -37,6 +37,10 @@ class AsyncBackend(Protocol):
       retired, or, with ``include_expired``, lapsed without a declared exit; returns the count.
 
     Durations are float seconds. Expiry is decided by the backend's own clock.
+
+    Optional: ``acquire_with_checkpoint(work_id, holder_id, ttl) -> (Token, Checkpoint)``
+    acquires and returns what ``read_checkpoint`` would return right after, in one step; the
+    runner and ``hold()`` use it when a backend has it (and fall back to two calls otherwise).
     """
 
     async def acquire(self, work_id: str, holder_id: str, ttl: float) -> Token: ...

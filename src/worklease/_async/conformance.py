@@ -39,12 +39,12 @@ from __future__ import annotations
 import dataclasses
 import time
 from datetime import UTC, datetime
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import pytest
 
 from .._acompat import asleep
-from .._models import ExitMode, Token
+from .._models import Checkpoint, ExitMode, Token
 from ..errors import (
     FencedError,
     InvalidExitModeError,
@@ -615,6 +615,47 @@ class AsyncBackendConformance:
         await backend.acquire("w1", "h", self.NORMAL_TTL)
         with pytest.raises(LeaseHeldError):
             await backend.acquire("w1", "h", self.NORMAL_TTL)
+
+    # -- Extra: the optional acquire_with_checkpoint ------------------------------------------
+
+    @staticmethod
+    def combined(backend: AsyncBackend) -> Any:
+        """The backend's optional ``acquire_with_checkpoint``, or skip the test."""
+        method = getattr(backend, "acquire_with_checkpoint", None)
+        if method is None:
+            pytest.skip("the backend has no acquire_with_checkpoint (optional)")
+        return method
+
+    async def test_acquire_with_checkpoint_on_first_acquisition(
+        self, backend: AsyncBackend
+    ) -> None:
+        """Extra: the combined acquire returns a token and the empty first checkpoint."""
+        combined = self.combined(backend)
+        token, prior = await combined("w1", "holder-a", self.NORMAL_TTL)
+        assert (token.work_id, token.holder_id) == ("w1", "holder-a")
+        assert prior == Checkpoint(None, ExitMode.NONE, None)
+        assert await backend.read_checkpoint(token) == prior
+
+    async def test_acquire_with_checkpoint_after_handoff(self, backend: AsyncBackend) -> None:
+        """Extra: the combined acquire returns exactly what a read right after would."""
+        combined = self.combined(backend)
+        a = await backend.acquire("w1", "holder-a", self.NORMAL_TTL)
+        await backend.checkpoint(a, b"final", self.NORMAL_TTL)
+        await backend.release(a, ExitMode.FINISHED)
+        token, prior = await combined("w1", "holder-b", self.NORMAL_TTL)
+        assert token.fencing_token > a.fencing_token
+        assert prior == Checkpoint(b"final", ExitMode.FINISHED, "holder-a")
+        assert await backend.read_checkpoint(token) == prior
+
+    async def test_acquire_with_checkpoint_when_held(self, backend: AsyncBackend) -> None:
+        """Extra: the combined acquire of a held lease raises LeaseHeldError and changes
+        nothing."""
+        combined = self.combined(backend)
+        a = await backend.acquire("w1", "holder-a", self.NORMAL_TTL)
+        await backend.checkpoint(a, b"mine", self.NORMAL_TTL)
+        with pytest.raises(LeaseHeldError):
+            await combined("w1", "holder-b", self.NORMAL_TTL)
+        assert await backend.read_checkpoint(a) == Checkpoint(b"mine", ExitMode.NONE, None)
 
     # -- Extra: fencing order, exit modes and input validation --------------------------------
 

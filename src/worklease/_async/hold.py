@@ -108,7 +108,7 @@ class AsyncHold:
         if self._token is not None:
             raise RuntimeError("a hold is entered once; ask the lease for a new one")
         lease = self._lease
-        token = await lease.acquire(
+        token, prior = await lease._acquire_with_prior(
             self._work_id,
             wait=self._wait,
             timeout=self._timeout,
@@ -116,7 +116,7 @@ class AsyncHold:
         )
         self._token = token
         try:
-            self._prior = await lease.read_checkpoint(token)
+            self._prior = prior if prior is not None else await lease.read_checkpoint(token)
             renewal = lease.renewal(token, interval=self._interval, backoff=self._backoff)
             await renewal.__aenter__()
         except Exception:

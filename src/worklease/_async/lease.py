@@ -120,11 +120,32 @@ class AsyncLease:
             limit = to_seconds(timeout, "timeout")
             if not limit >= 0:
                 raise ValueError(f"timeout must be a non-negative duration, got {timeout!r}")
+        token, _ = await self._acquire(work_id, wait, limit, poll, reading=False)
+        return token
+
+    async def _acquire_with_prior(
+        self,
+        work_id: str,
+        *,
+        wait: bool,
+        timeout: float | timedelta | None,
+        poll_interval: float | timedelta,
+    ) -> tuple[Token, Checkpoint | None]:
+        """Acquire, and read the checkpoint in the same step when the backend can (else the
+        second item is ``None`` and the caller reads it)."""
+        check_work_id(work_id)
+        poll = positive_seconds(poll_interval, "poll_interval")
+        limit = None if timeout is None else to_seconds(timeout, "timeout")
+        return await self._acquire(work_id, wait, limit, poll, reading=True)
+
+    async def _acquire(
+        self, work_id: str, wait: bool, limit: float | None, poll: float, *, reading: bool
+    ) -> tuple[Token, Checkpoint | None]:
         deadline = None if limit is None else monotonic() + limit
         pacing = WaitPacing(poll)
         while True:
             try:
-                return await self._acquire_once(work_id)
+                return await self._acquire_once(work_id, reading)
             except LeaseHeldError as held:
                 if not wait:
                     raise
@@ -139,16 +160,28 @@ class AsyncLease:
                 delay = min(delay, left)
             await asleep(delay)
 
-    async def _acquire_once(self, work_id: str) -> Token:
+    async def _acquire_once(self, work_id: str, reading: bool) -> tuple[Token, Checkpoint | None]:
         start = monotonic()
+        prior: Checkpoint | None = None
+        combined = getattr(self._backend, "acquire_with_checkpoint", None) if reading else None
         try:
-            raw = await self._backend.acquire(work_id, self._holder_id, self._ttl)
+            if combined is not None:
+                raw, prior = await combined(work_id, self._holder_id, self._ttl)
+            else:
+                raw = await self._backend.acquire(work_id, self._holder_id, self._ttl)
             token = seal_token(raw, self._backend, start, self._ttl)
         except Exception as exc:
             notify(self._observer.on_acquire, AcquireEvent(work_id, None, monotonic() - start, exc))
             raise
         notify(self._observer.on_acquire, AcquireEvent(work_id, token, monotonic() - start, None))
-        return token
+        if prior is not None:  # read in the same call: reported with no time of its own
+            notify(
+                self._observer.on_read_checkpoint,
+                ReadCheckpointEvent(
+                    token, prior.prev_exit, prior.prev_holder_id, state_size(prior.state), 0.0, None
+                ),
+            )
+        return token, prior
 
     # -- reads --------------------------------------------------------------------------------
 
@@ -316,8 +349,11 @@ class AsyncLease:
         """Hold ``work_id`` for the duration of a ``with`` block (see the hold class)."""
         check_work_id(work_id)
         positive_seconds(poll_interval, "poll_interval")
-        if timeout is not None and not wait:
-            raise ValueError("timeout applies to a waiting acquire: pass wait=True")
+        if timeout is not None:
+            if not wait:
+                raise ValueError("timeout applies to a waiting acquire: pass wait=True")
+            if not to_seconds(timeout, "timeout") >= 0:
+                raise ValueError(f"timeout must be a non-negative duration, got {timeout!r}")
         if interval is not None:
             positive_seconds(interval, "interval")
         if backoff is not None and not isinstance(backoff, Backoff):

@@ -250,6 +250,27 @@ class AsyncPostgresBackend:
             self._learn_schema(rows[0][4])  # free: the acquire statement reports it
         return statements.acquired(rows, work_id, holder_id)
 
+    async def acquire_with_checkpoint(
+        self, work_id: str, holder_id: str, ttl: float
+    ) -> tuple[Token, Checkpoint]:
+        """Acquire and return the new holder's checkpoint in the same statement (optional
+        method of the backend protocol; the runner and ``hold()`` use it)."""
+        check_work_id(work_id)
+        statements = self._statements
+        rows, _ = await self._run(
+            "acquire",
+            statements.acquire_reading,
+            {
+                "work_id": work_id,
+                "holder_id": holder_id,
+                "ttl": statements.ttl(to_seconds(ttl, "ttl")),
+            },
+        )
+        if self._renewal_statements is None and rows:
+            self._learn_schema(rows[0][4])
+        token = statements.acquired(rows, work_id, holder_id)
+        return token, statements.prior(rows)
+
     async def read_checkpoint(self, token: Token) -> Checkpoint:
         rows, _ = await self._run(
             "read_checkpoint", self._statements.read_checkpoint, {"work_id": token.work_id}

@@ -111,7 +111,7 @@ class Hold:
         if self._token is not None:
             raise RuntimeError("a hold is entered once; ask the lease for a new one")
         lease = self._lease
-        token = lease.acquire(
+        token, prior = lease._acquire_with_prior(
             self._work_id,
             wait=self._wait,
             timeout=self._timeout,
@@ -119,7 +119,7 @@ class Hold:
         )
         self._token = token
         try:
-            self._prior = lease.read_checkpoint(token)
+            self._prior = prior if prior is not None else lease.read_checkpoint(token)
             renewal = lease.renewal(token, interval=self._interval, backoff=self._backoff)
             renewal.__enter__()
         except Exception:

@@ -40,6 +40,12 @@ class MemoryBackend:
     def acquire(self, work_id: str, holder_id: str, ttl: float) -> Token:
         return self._store.acquire(work_id, holder_id, to_seconds(ttl, "ttl"))
 
+    def acquire_with_checkpoint(
+        self, work_id: str, holder_id: str, ttl: float
+    ) -> tuple[Token, Checkpoint]:
+        """Acquire and read the new holder's checkpoint in one step (optional method)."""
+        return self._store.acquire_with_checkpoint(work_id, holder_id, to_seconds(ttl, "ttl"))
+
     def read_checkpoint(self, token: Token) -> Checkpoint:
         return self._store.read_checkpoint(token)
 
