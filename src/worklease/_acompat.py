@@ -16,6 +16,9 @@ from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from typing import Any, TypeVar, cast
 
 __all__ = [
+    "ARENEWER_LINGER",
+    "Abandoned",
+    "RENEWER_LINGER",
     "AEvent",
     "AHostCanceller",
     "AWorker",
@@ -24,10 +27,13 @@ __all__ = [
     "ThreadLock",
     "ThreadRLock",
     "Worker",
+    "aabandonable",
+    "abandonable",
     "abounded",
     "acall",
     "acancel_worker",
     "acleanup",
+    "aloop_key",
     "ajoin_all",
     "asleep",
     "aspawn",
@@ -36,6 +42,7 @@ __all__ = [
     "cancel_worker",
     "cleanup",
     "join_all",
+    "loop_key",
     "sleep",
     "spawn",
 ]
@@ -64,6 +71,32 @@ def sleep(seconds: float) -> None:
 
 class AEvent(asyncio.Event):
     """An event whose ``wait_timeout`` returns like ``threading.Event.wait``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        try:
+            self._home: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
+        except RuntimeError:
+            self._home = None
+
+    def set_threadsafe(self) -> None:
+        """Set the event from any thread (``set`` must run on the loop that waits).
+
+        From another thread than the loop the event was created on, the set is handed to
+        that loop; a loop already closed has nobody left to wake.
+        """
+        home = self._home
+        try:
+            running: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
+        except RuntimeError:
+            running = None
+        if home is None or running is home:
+            self.set()
+            return
+        try:
+            home.call_soon_threadsafe(self.set)
+        except RuntimeError:
+            pass  # the loop is closed
 
     async def wait_timeout(self, timeout: float | None = None) -> bool:
         """Wait until set or ``timeout`` seconds passed; return whether it is set."""
@@ -125,6 +158,23 @@ def cancel_worker(worker: Worker) -> None:
     """Threads cannot be cancelled; a worker thread notices its stop event instead."""
 
 
+def aloop_key() -> object:
+    """What shares one background worker: the running event loop."""
+    return asyncio.get_running_loop()
+
+
+def loop_key() -> object:
+    """What shares one background worker: every thread of the process."""
+    return None
+
+
+ARENEWER_LINGER = 0.0
+"""A task is cheap to start again: the renewal task ends as soon as nothing is renewed."""
+
+RENEWER_LINGER = 5.0
+"""A thread is not: the renewal thread waits this long for new work before it ends, so a
+runner cycling through work IDs starts no thread per cycle."""
+
 # -- calling user code ----------------------------------------------------------------------
 
 
@@ -163,6 +213,35 @@ async def abounded(timeout: float | None, fn: Callable[..., Awaitable[T]], *args
         task.add_done_callback(_retrieve)
         raise TimeoutError(f"call did not finish within {timeout:g}s")
     return task.result()
+
+
+class Abandoned(Exception):
+    """The call was abandoned: nobody wants its result any more."""
+
+
+async def aabandonable(abandon: AEvent, fn: Callable[..., Awaitable[T]], *args: Any) -> T:
+    """Await ``fn(*args)`` unless ``abandon`` is set first: the call is then cancelled in the
+    background and ``Abandoned`` raised."""
+    task = asyncio.ensure_future(fn(*args))
+    watcher = asyncio.ensure_future(abandon.wait())
+    try:
+        await asyncio.wait((task, watcher), return_when=asyncio.FIRST_COMPLETED)
+    except asyncio.CancelledError:
+        task.cancel()
+        task.add_done_callback(_retrieve)
+        raise
+    finally:
+        watcher.cancel()
+    if not task.done():
+        task.cancel()
+        task.add_done_callback(_retrieve)
+        raise Abandoned
+    return task.result()
+
+
+def abandonable(abandon: Event, fn: Callable[..., T], *args: Any) -> T:
+    """A thread cannot abandon a blocking call: the call runs to its end."""
+    return fn(*args)
 
 
 def _retrieve(task: asyncio.Future[Any]) -> None:

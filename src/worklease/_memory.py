@@ -8,14 +8,15 @@ release need ``now < expires_at``; sweep needs ``now > expires_at`` and
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
 from ._acompat import ThreadRLock
 from ._failures import fenced, held, lease_expired
 from ._models import Checkpoint, ExitMode, Token
-from ._validation import check_exit_mode, check_work_id, normalize_state
+from ._validation import check_exit_mode, check_work_id, distinct_work_ids, normalize_state
+from .errors import LeaseHeldError, LeaseLostError
 
 __all__ = ["MemoryStore", "RowSnapshot", "system_clock"]
 
@@ -59,10 +60,20 @@ class RowSnapshot:
 
 
 class MemoryStore:
-    """Lease rows in a dict, one lock, an injectable clock and a per-instance token counter."""
+    """Lease rows in a dict, one lock, an injectable clock and a per-instance token counter.
 
-    def __init__(self, clock: Callable[[], datetime] | None = None) -> None:
+    ``on_release(work_id)`` is called after a successful release or forget, once the lock is
+    released (the memory backend wakes its release watches with it).
+    """
+
+    def __init__(
+        self,
+        clock: Callable[[], datetime] | None = None,
+        on_release: Callable[[str], object] | None = None,
+    ) -> None:
         self._now = clock or system_clock
+        # Called with the work ID after a release or forget, outside the lock.
+        self._on_release = on_release
         self._lock = ThreadRLock()
         self._rows: dict[str, _Row] = {}
         self._last_token = 0
@@ -114,6 +125,45 @@ class MemoryStore:
             token = self.acquire(work_id, holder_id, ttl)
             return token, self.read_checkpoint(token)
 
+    def acquire_many(
+        self, work_ids: Sequence[str], holder_id: str, ttl: float
+    ) -> list[tuple[Token, Checkpoint]]:
+        """Acquire every free work ID of ``work_ids`` in one step (held ones are left out)."""
+        ids = distinct_work_ids(work_ids)
+        grants: list[tuple[Token, Checkpoint]] = []
+        with self._lock:
+            for work_id in ids:
+                try:
+                    grants.append(self.acquire_with_checkpoint(work_id, holder_id, ttl))
+                except LeaseHeldError:
+                    continue
+        return grants
+
+    def find_available(self, work_ids: Sequence[str]) -> list[str]:
+        """The work IDs of ``work_ids`` that ``acquire`` would grant now, in input order."""
+        ids = distinct_work_ids(work_ids)
+        with self._lock:
+            now = self.now()
+            return [
+                work_id
+                for work_id in ids
+                if (row := self._rows.get(work_id)) is None or now > row.expires_at
+            ]
+
+    def renew_many(self, tokens: Sequence[Token], ttl: float) -> list[LeaseLostError | None]:
+        """Renew every token in one step; per token ``None`` or the error ``renew`` raises."""
+        distinct_work_ids([token.work_id for token in tokens])
+        outcomes: list[LeaseLostError | None] = []
+        with self._lock:
+            for token in tokens:
+                try:
+                    self.renew(token, ttl)
+                except LeaseLostError as exc:
+                    outcomes.append(exc)
+                else:
+                    outcomes.append(None)
+        return outcomes
+
     def _owned(self, token: Token, operation: str) -> _Row:
         row = self._rows.get(token.work_id)
         if (
@@ -156,6 +206,8 @@ class MemoryStore:
             row.exit_mode = declared
             row.expires_at = now - RELEASE_OFFSET
             row.updated_at = now
+        if self._on_release is not None:
+            self._on_release(token.work_id)
 
     def read_checkpoint(self, token: Token) -> Checkpoint:
         with self._lock:
@@ -168,6 +220,8 @@ class MemoryStore:
         with self._lock:
             self._owned(token, "forget")
             del self._rows[token.work_id]
+        if self._on_release is not None:
+            self._on_release(token.work_id)
 
     def sweep(self, retention: float, include_expired: bool) -> int:
         keep_for = timedelta(seconds=retention)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from datetime import timedelta
 
 from ._models import ExitMode
@@ -133,3 +134,16 @@ def check_exit_mode(mode: object) -> ExitMode:
             f"invalid exit mode {mode!r}: release accepts finished, abandoned or retired"
         )
     return parsed
+
+
+def distinct_work_ids(work_ids: object) -> list[str]:
+    """Validate a batch of work IDs (a sequence, not a string): each valid, none repeated."""
+    if isinstance(work_ids, str | bytes) or not isinstance(work_ids, Sequence):
+        raise TypeError("work IDs must be given as a sequence (a list or tuple) of str")
+    seen: set[str] = set()
+    for work_id in work_ids:
+        check_work_id(work_id)
+        if work_id in seen:
+            raise ValueError(f"work ID {work_id!r} appears more than once in one batch")
+        seen.add(work_id)
+    return list(work_ids)

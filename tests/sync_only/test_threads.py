@@ -7,7 +7,7 @@ import sys
 import textwrap
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 
 import pytest
 
@@ -17,11 +17,13 @@ from worklease import (
     FencedError,
     Lease,
     LeaseHeldError,
+    LeaseLostError,
     LeaseWindowExhaustedError,
     MemoryBackend,
     Token,
     current_renewal,
 )
+from worklease._sync import renewal as renewal_module
 from worklease.testing import FakeClock
 
 PROMPT = 5.0
@@ -40,6 +42,11 @@ class GatedBackend(MemoryBackend):
         self.renew_threads.append(threading.current_thread())
         with self.gate:
             super().renew(token, ttl)
+
+    def renew_many(self, tokens: Sequence[Token], ttl: float) -> list[LeaseLostError | None]:
+        self.renew_threads.append(threading.current_thread())
+        with self.gate:
+            return super().renew_many(tokens, ttl)
 
 
 class BlockingBackend(MemoryBackend):
@@ -104,19 +111,28 @@ def _take_over(clock: FakeClock, backend: GatedBackend, rival: Lease, work_id: s
         return rival.acquire(work_id)
 
 
-def test_renewal_runs_in_a_named_daemon_thread(backend: GatedBackend, lease: Lease) -> None:
-    token = lease.acquire("w1")
-    with lease.renewal(token, interval=0.02):
-        assert _wait_for(lambda: len(backend.renew_threads) >= 2)
-        names = {t.name for t in threading.enumerate()}
-        assert "worklease-renewal:w1" in names
+def test_renewals_share_one_named_daemon_thread(
+    backend: GatedBackend, lease: Lease, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(renewal_module, "RENEWER_LINGER", 0.3)
+    first = lease.acquire("w1")
+    second = lease.acquire("w2")
+    with lease.renewal(first, interval=0.02), lease.renewal(second, interval=0.02):
+        assert _wait_for(lambda: len(backend.renew_threads) >= 4)
+        assert len(set(backend.renew_threads)) == 1  # both renewals, one thread
     thread = backend.renew_threads[0]
-    assert thread.name == "worklease-renewal:w1"
+    assert thread.name == "worklease-renewals"
     assert thread.daemon
     assert thread is not threading.current_thread()
     assert all(t is thread for t in backend.renew_threads)
+    # A renewal started while the idle thread lingers reuses it: no thread per renewal.
+    third = lease.acquire("w3")
+    count = len(backend.renew_threads)
+    with lease.renewal(third, interval=0.02):
+        assert _wait_for(lambda: len(backend.renew_threads) > count)
+    assert backend.renew_threads[-1] is thread
     thread.join(PROMPT)
-    assert not thread.is_alive()  # stop wakes the idle thread, which then ends
+    assert not thread.is_alive()  # with nothing left to renew, the thread ends
 
 
 def test_raise_if_lost_after_a_takeover(

@@ -6,7 +6,16 @@ import logging
 from types import TracebackType
 from typing import TYPE_CHECKING
 
-from .._acompat import AEvent, AHostCanceller, AWorker, acancel_worker, aspawn
+from .._acompat import (
+    ARENEWER_LINGER,
+    Abandoned,
+    AEvent,
+    AHostCanceller,
+    AWorker,
+    ThreadLock,
+    aabandonable,
+    aspawn,
+)
 from .._context import _current
 from .._models import Token
 from .._window import Backoff, LeaseWindow, TokenSeal, chain_loss, fresh, monotonic
@@ -18,7 +27,7 @@ if TYPE_CHECKING:
     from .._context import ActiveRenewal
     from .lease import AsyncLease
 
-__all__ = ["AsyncRenewal"]
+__all__ = ["AsyncRenewal", "AsyncRenewer"]
 
 logger = logging.getLogger("worklease")
 
@@ -57,9 +66,13 @@ class AsyncRenewal:
         self._interval = interval
         self._backoff = backoff
         self._window = LeaseWindow(token, seal.window_end)
-        self._wake = AEvent()
         self._canceller = AHostCanceller()
-        self._worker: AWorker | None = None
+        self._renewer: AsyncRenewer | None = None
+        self._due = 0.0
+        self._retrying = False
+        self._attempt = 1
+        self._base = backoff.initial
+        self._last_error: Exception | None = None
         self._context: ContextToken[ActiveRenewal | None] | None = None
         self._entered = False
         self._stopped = False
@@ -100,9 +113,8 @@ class AsyncRenewal:
             return
         self._stopped = True
         self._window.stop()
-        self._wake.set()
-        if self._worker is not None:
-            acancel_worker(self._worker)
+        if self._renewer is not None:
+            self._renewer.discard(self)
 
     def __repr__(self) -> str:
         state = "lost" if self.lost else "stopped" if self._stopped else "active"
@@ -113,11 +125,15 @@ class AsyncRenewal:
             raise RuntimeError("a renewal runs once; ask the lease for a new one")
         self._entered = True
         self._window.start(self._seal.window_end)
-        self._window.schedule(monotonic() + self._interval)  # due even if never scheduled
+        now = monotonic()
+        # A window already closed at the start (a slow step between acquire and renewal):
+        # renew at once, to learn whether the lease is still held.
+        self._plan(now if self._window.end <= now else now + self._interval)
         self._seal.attach(self._window, self.stop)
         self._canceller.bind()
         self._context = _current.set(self)
-        self._worker = aspawn(self._run, name=f"worklease-renewal:{self._token.work_id}")
+        self._renewer = self._lease._renewer()
+        self._renewer.add(self)
         return self
 
     async def __aexit__(
@@ -142,58 +158,41 @@ class AsyncRenewal:
         if cause is not None:
             raise fresh(cause)
 
-    # -- the background loop ------------------------------------------------------------------
+    # -- driven by the lease's renewer ---------------------------------------------------------
 
-    async def _run(self) -> None:
-        try:
-            # A window already closed at the start (a slow step between acquire and renewal):
-            # renew at once, to learn whether the lease is still held.
-            wait = 0.0 if self._window.end <= monotonic() else self._interval
-            while True:
-                self._window.schedule(monotonic() + wait)
-                if await self._wake.wait_timeout(wait):
-                    return
-                if self._window.stopped or await self._cycle():
-                    return
-                wait = self._interval
-        except Exception as exc:
-            # A bug here must not leave the holder believing it holds a lease nobody renews.
-            logger.exception("worklease renewal of %r failed unexpectedly", self._token)
-            self._lose(self._window.lose_by_window(exc))
+    def _plan(self, due: float) -> None:
+        self._due = due
+        self._window.schedule(due)
 
-    async def _cycle(self) -> bool:
-        """One renewal with its retries; True when the loop must end (lost or stopped)."""
+    def _settle(self, start: float, outcome: Exception | None) -> None:
+        """Take the outcome of an attempt that began at ``start`` (``None``: renewed)."""
+        window = self._window
+        if self._stopped or window.stopped:  # released or stopped meanwhile: not a loss
+            return
         ttl = self._lease.ttl
-        base = self._backoff.initial
-        attempt = 1
-        while True:
-            start = monotonic()
-            left = self._window.begin_attempt(start)
-            try:
-                await self._lease._renew_once(self._token, attempt, left if left > 0 else ttl)
-            except LeaseLostError as exc:
-                if self._window.stopped:  # released or stopped meanwhile: not a loss
-                    return True
-                return self._lose(self._window.lose(self._lapsed(exc)))
-            except Exception as exc:
-                error: Exception = exc
+        if outcome is None:
+            if window.renewed(start, ttl):
+                self._seal.extend(start, ttl)
+                self._retrying = False
+                self._attempt = 1
+                self._base = self._backoff.initial
+                self._plan(monotonic() + self._interval)
             else:
-                if self._window.renewed(start, ttl):
-                    self._seal.extend(start, ttl)
-                    return False
-                return self._lose(self._window.cause())
-            if self._stopped:
-                return True
-            now = monotonic()
-            if self._window.window_closed(now):
-                return self._lose(self._window.lose_by_window(error))
-            delay = min(self._backoff.delay(base), self._window.end - now)
-            if await self._wake.wait_timeout(delay):
-                return True
-            if self._window.window_closed(monotonic()):
-                return self._lose(self._window.lose_by_window(error))
-            base = self._backoff.next_base(base)
-            attempt += 1
+                self._lose(window.cause())
+            return
+        if isinstance(outcome, LeaseLostError):
+            self._lose(window.lose(self._lapsed(outcome)))
+            return
+        self._last_error = outcome
+        now = monotonic()
+        if window.window_closed(now):
+            self._lose(window.lose_by_window(outcome))
+            return
+        delay = min(self._backoff.delay(self._base), window.end - now)
+        self._base = self._backoff.next_base(self._base)
+        self._attempt += 1
+        self._retrying = True
+        self._plan(now + delay)
 
     def _lapsed(self, error: LeaseLostError) -> LeaseLostError:
         """The loss cause for a renewal the backend refused (fenced is reported as is)."""
@@ -208,7 +207,136 @@ class AsyncRenewal:
         lapsed.__cause__ = error
         return lapsed
 
-    def _lose(self, cause: LeaseLostError | None) -> bool:
+    def _lose(self, cause: LeaseLostError | None) -> None:
+        if self._renewer is not None:
+            self._renewer.discard(self)
         if cause is not None and not self._stopped:
             self._canceller.cancel()
+
+
+class AsyncRenewer:
+    """Renews every running renewal of one lease object together.
+
+    One worker per lease object (per event loop with asyncio) waits until the earliest renewal
+    is due, then renews it together with every other renewal already past half its interval,
+    in one backend call (``renew_many`` when the backend has it, else one ``renew`` per
+    token). Renewals thus fall into step and the process sends one statement per renewal
+    interval, however many leases it holds. Each renewal keeps its own interval, window,
+    retries and loss: the outcome of the shared call is settled token by token.
+    """
+
+    def __init__(self, lease: AsyncLease, key: object) -> None:
+        self._lease = lease
+        self._key = key
+        self._lock = ThreadLock()
+        self._members: dict[AsyncRenewal, None] = {}
+        self._wake = AEvent()
+        self._worker: AWorker | None = None
+        self._in_flight: set[AsyncRenewal] = set()
+        self._abandon = AEvent()
+
+    def add(self, renewal: AsyncRenewal) -> None:
+        with self._lock:
+            self._members[renewal] = None
+            if self._worker is None:
+                self._wake = AEvent()
+                self._worker = aspawn(self._run, name="worklease-renewals")
+            wake = self._wake
+        wake.set()
+
+    def discard(self, renewal: AsyncRenewal) -> None:
+        with self._lock:
+            if renewal not in self._members:
+                return
+            del self._members[renewal]
+            wake = self._wake
+            if renewal in self._in_flight:
+                self._in_flight.discard(renewal)
+                if not self._in_flight:
+                    self._abandon.set()  # nobody wants the answer: let the call go
+        wake.set()
+
+    async def _run(self) -> None:
+        try:
+            while await self._step():
+                pass
+        except Exception as exc:
+            # A bug here must not leave a holder believing it holds a lease nobody renews.
+            logger.exception("worklease renewals of %r failed unexpectedly", self._lease)
+            with self._lock:
+                members, self._members = list(self._members), {}
+                self._worker = None
+            for renewal in members:
+                renewal._lose(renewal._window.lose_by_window(exc))
+
+    async def _step(self) -> bool:
+        """One wait or one round of renewals; False when the worker ends."""
+        wake = self._wake
+        wake.clear()
+        with self._lock:
+            members = list(self._members)
+        if not members:
+            if await wake.wait_timeout(ARENEWER_LINGER):
+                return True
+            with self._lock:
+                if self._members:
+                    return True
+                self._worker = None
+            self._lease._drop_renewer(self._key, self)
+            return False
+        now = monotonic()
+        due = [renewal for renewal in members if renewal._due <= now]
+        if not due:
+            await wake.wait_timeout(min(renewal._due for renewal in members) - now)
+            return True
+        # Renewals more than half way to their next attempt join this one: renewing a little
+        # early costs nothing, and it brings every renewal into the same round.
+        joining = [
+            renewal
+            for renewal in members
+            if renewal._due > now
+            and not renewal._retrying
+            and renewal._due - renewal._interval / 2 <= now
+        ]
+        await self._round(due + joining)
         return True
+
+    async def _round(self, renewals: list[AsyncRenewal]) -> None:
+        start = monotonic()
+        batch: list[AsyncRenewal] = []
+        later: list[AsyncRenewal] = []
+        seen: set[str] = set()
+        for renewal in renewals:
+            window = renewal._window
+            if renewal._retrying and window.window_closed(start):
+                renewal._lose(window.lose_by_window(renewal._last_error))
+            elif renewal._token.work_id in seen:
+                later.append(renewal)  # one token per work ID per call
+            else:
+                seen.add(renewal._token.work_id)
+                batch.append(renewal)
+        if not batch:
+            return
+        ttl = self._lease.ttl
+        lefts = [renewal._window.begin_attempt(start) for renewal in batch]
+        timeout = max(left if left > 0 else ttl for left in lefts)
+        with self._lock:
+            self._in_flight = set(batch)
+            self._abandon = abandon = AEvent()
+        try:
+            outcomes = await aabandonable(
+                abandon,
+                self._lease._renew_together,
+                [renewal._token for renewal in batch],
+                [renewal._attempt for renewal in batch],
+                timeout,
+            )
+        except Abandoned:
+            return  # every renewal of the call stopped meanwhile
+        finally:
+            with self._lock:
+                self._in_flight = set()
+        for renewal, outcome in zip(batch, outcomes, strict=True):
+            renewal._settle(start, outcome)
+        if later:
+            await self._round(later)

@@ -41,9 +41,28 @@ class Backend(Protocol):
 
     Durations are float seconds. Expiry is decided by the backend's own clock.
 
-    Optional: ``acquire_with_checkpoint(work_id, holder_id, ttl) -> (Token, Checkpoint)``
-    acquires and returns what ``read_checkpoint`` would return right after, in one step; the
-    runner and ``hold()`` use it when a backend has it (and fall back to two calls otherwise).
+    Optional methods, used when a backend has them (the library falls back to the methods
+    above otherwise, with the same results and more round trips):
+
+    - ``acquire_with_checkpoint(work_id, holder_id, ttl) -> (Token, Checkpoint)`` acquires
+      and returns what ``read_checkpoint`` would return right after, in one step (the runner
+      and ``hold()`` use it).
+    - ``renew_many(tokens, ttl) -> list[LeaseLostError | None]`` renews many leases in one
+      step: item ``i`` is ``None`` when ``tokens[i]`` was renewed, else the ``FencedError`` or
+      ``LeaseExpiredError`` that ``renew`` would have raised for it. A failure of the step as a
+      whole is raised. Work IDs must be distinct (``ValueError``). Background renewals of one
+      lease object use it to renew all their tokens with one statement.
+    - ``find_available(work_ids) -> list[str]`` returns, in input order, the work IDs that
+      ``acquire`` would grant now (no row, expired, or released); it writes nothing.
+    - ``acquire_many(work_ids, holder_id, ttl) -> list[(Token, Checkpoint)]`` acquires, in one
+      step, every listed work ID that is free (as ``acquire`` would) and returns a grant with
+      the new holder's checkpoint for each, in input order; work IDs held by somebody are left
+      out. Work IDs must be valid and distinct (checked before any I/O). Pools use
+      ``find_available`` and ``acquire_many`` to scan for and take free work.
+    - ``watch_releases(work_ids)`` returns a watch (a context manager with ``wait(timeout)``
+      returning whether a release of one of the work IDs was seen, see ``ReleaseWatch``) or
+      ``None`` when the backend cannot notify; waiting acquires, leaders and pools then wake
+      at a release instead of at their next poll.
     """
 
     def acquire(self, work_id: str, holder_id: str, ttl: float) -> Token: ...

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from datetime import timedelta
 
-from .._acompat import bounded, sleep
+from .._acompat import ThreadLock, bounded, loop_key, sleep
 from .._models import Checkpoint, ExitMode, Operation, Token
 from .._pacing import WaitPacing
 from .._validation import (
@@ -21,7 +21,13 @@ from .._validation import (
     to_seconds,
 )
 from .._window import Backoff, TokenSeal, fresh, monotonic, seal_token, unseal
-from ..errors import BackendRequiredError, ConfigError, FencedError, LeaseHeldError
+from ..errors import (
+    BackendError,
+    BackendRequiredError,
+    ConfigError,
+    FencedError,
+    LeaseHeldError,
+)
 from ..observers import (
     AcquireEvent,
     CheckpointEvent,
@@ -35,7 +41,8 @@ from ..observers import (
 )
 from .backend import Backend, StateLike
 from .hold import Hold
-from .renewal import Renewal
+from .renewal import Renewal, Renewer
+from .watch import open_release_watch
 
 __all__ = ["Lease"]
 
@@ -72,6 +79,8 @@ class Lease:
         self._holder_id = check_holder_id(holder_id)
         self._ttl = check_ttl(ttl)
         self._observer = observer if observer is not None else LeaseObserver()
+        self._renewers: dict[object, Renewer] = {}
+        self._renewers_lock = ThreadLock()
 
     @property
     def backend(self) -> Backend:
@@ -146,22 +155,32 @@ class Lease:
     ) -> tuple[Token, Checkpoint | None]:
         deadline = None if limit is None else monotonic() + limit
         pacing = WaitPacing(poll)
-        while True:
-            try:
-                return self._acquire_once(work_id, reading)
-            except LeaseHeldError as held:
-                if not wait:
-                    raise
-                last_held = held
-            delay = pacing.next_delay(last_held.expires_at)
-            if deadline is not None:
-                left = deadline - monotonic()
-                if left <= 0:
-                    raise TimeoutError(
-                        f"work ID {work_id!r} was still held after waiting {limit:g}s"
-                    ) from last_held
-                delay = min(delay, left)
-            sleep(delay)
+        # Opened before the first attempt, so a release right after a refused attempt still
+        # ends the wait that follows it.
+        watch = open_release_watch(self._backend, (work_id,)) if wait else None
+        try:
+            while True:
+                try:
+                    return self._acquire_once(work_id, reading)
+                except LeaseHeldError as held:
+                    if not wait:
+                        raise
+                    last_held = held
+                delay = pacing.next_delay(last_held.expires_at)
+                if deadline is not None:
+                    left = deadline - monotonic()
+                    if left <= 0:
+                        raise TimeoutError(
+                            f"work ID {work_id!r} was still held after waiting {limit:g}s"
+                        ) from last_held
+                    delay = min(delay, left)
+                if watch is None:
+                    sleep(delay)
+                else:
+                    watch.wait(delay)  # ends early when the holder releases
+        finally:
+            if watch is not None:
+                watch.close()
 
     def _acquire_once(self, work_id: str, reading: bool) -> tuple[Token, Checkpoint | None]:
         start = monotonic()
@@ -371,6 +390,52 @@ class Lease:
             backoff=backoff,
             cleanup_timeout=positive_seconds(cleanup_timeout, "cleanup_timeout"),
         )
+
+    def _renewer(self) -> Renewer:
+        """The worker renewing this lease object's renewals (one per event loop)."""
+        key = loop_key()
+        with self._renewers_lock:
+            renewer = self._renewers.get(key)
+            if renewer is None:
+                renewer = self._renewers[key] = Renewer(self, key)
+            return renewer
+
+    def _drop_renewer(self, key: object, renewer: Renewer) -> None:
+        with self._renewers_lock:
+            if self._renewers.get(key) is renewer:
+                del self._renewers[key]
+
+    def _renew_together(
+        self, tokens: list[Token], attempts: list[int], timeout: float
+    ) -> list[Exception | None]:
+        """Renew ``tokens`` in one backend call when the backend can (else one by one);
+        return each token's outcome (``None``: renewed), each reported to the observer."""
+        renew_many = getattr(self._backend, "renew_many", None)
+        if renew_many is None or len(tokens) == 1:
+            outcomes: list[Exception | None] = []
+            for token, attempt in zip(tokens, attempts, strict=True):
+                try:
+                    self._renew_once(token, attempt, timeout)
+                except Exception as exc:
+                    outcomes.append(exc)
+                else:
+                    outcomes.append(None)
+            return outcomes
+        start = monotonic()
+        try:
+            results: list[Exception | None] = list(bounded(timeout, renew_many, tokens, self._ttl))
+            if len(results) != len(tokens):
+                raise BackendError(
+                    f"renew_many returned {len(results)} outcomes for {len(tokens)} tokens"
+                )
+        except Exception as exc:
+            results = [exc] * len(tokens)
+        duration = monotonic() - start
+        for token, attempt, outcome in zip(tokens, attempts, results, strict=True):
+            notify(self._observer.on_renew, RenewEvent(token, attempt, duration, outcome))
+            if outcome is not None:
+                self._report_fenced(token, Operation.RENEW, outcome)
+        return results
 
     def _given_up(self, token: Token) -> bool:
         """Whether the holder already released or forgot ``token`` through this lease."""

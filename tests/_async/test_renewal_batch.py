@@ -1,0 +1,190 @@
+"""Batched renewal: every renewal of one lease object is renewed in one backend call."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import pytest
+
+from tests._acompat import asleep, aspawn_all
+from worklease import (
+    AsyncLease,
+    AsyncMemoryBackend,
+    ExitMode,
+    FencedError,
+    LeaseLapsedError,
+    LeaseLostError,
+    Token,
+)
+from worklease._acompat import AEvent
+from worklease.observers import FencedEvent, RenewEvent
+from worklease.testing import RecordingObserver
+
+from .helpers import spin
+
+PROMPT = 10.0
+"""Upper bound for 'promptly' on a loaded CI box."""
+
+
+class CountingBackend(AsyncMemoryBackend):
+    """Records every renewal call: ``renew`` one token, ``renew_many`` a batch."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.single: list[str] = []
+        self.batches: list[list[str]] = []
+
+    async def renew(self, token: Token, ttl: float) -> None:
+        self.single.append(token.work_id)
+        await super().renew(token, ttl)
+
+    async def renew_many(self, tokens: Sequence[Token], ttl: float) -> list[LeaseLostError | None]:
+        self.batches.append([token.work_id for token in tokens])
+        return await super().renew_many(tokens, ttl)
+
+
+class SingleOnlyBackend(CountingBackend):
+    """A backend without the optional batch renewal (as a third-party backend may be)."""
+
+    renew_many = None  # type: ignore[assignment]
+
+
+async def _wait_until(predicate: object, timeout: float = PROMPT) -> bool:
+    assert callable(predicate)
+    for _ in range(round(timeout / 0.01)):
+        if predicate():
+            return True
+        await asleep(0.01)
+    return bool(predicate())
+
+
+async def test_many_renewals_share_one_call_per_interval() -> None:
+    backend = CountingBackend()
+    lease = AsyncLease(backend, holder_id="a", ttl=30.0)
+    ids = [f"w{i}" for i in range(50)]
+    tokens = [await lease.acquire(work_id) for work_id in ids]
+    done = AEvent()
+
+    async def hold(index: int) -> None:
+        async with lease.renewal(tokens[index], interval=0.05) as renewal:
+            while not done.is_set():
+                renewal.raise_if_lost()
+                await asleep(0.01)
+
+    async def watch(index: int) -> None:
+        if index < len(ids):
+            await hold(index)
+            return
+        try:
+            assert await _wait_until(lambda: len(backend.batches) >= 6)
+        finally:
+            done.set()
+
+    results = await aspawn_all(watch, len(ids) + 1)
+    assert [r for r in results if r is not None] == []
+    assert backend.single == []  # never one statement per token
+    # Renewals started a few milliseconds apart fall into step within two rounds; from then
+    # on every call renews all fifty.
+    assert all(sorted(batch) == sorted(ids) for batch in backend.batches[2:])
+    before = [row.expires_at for row in backend.rows()]
+    assert min(before) > tokens[0].expires_at  # every lease was extended
+
+
+async def test_each_token_of_a_batch_keeps_its_own_outcome() -> None:
+    backend = CountingBackend()
+    observer = RecordingObserver()
+    lease = AsyncLease(backend, holder_id="a", ttl=30.0, observer=observer)
+    kept, fenced, lapsed = [await lease.acquire(w) for w in ("kept", "fenced", "lapsed")]
+    entered = AEvent()
+    done = AEvent()
+    outcome: dict[str, object] = {}
+
+    async def hold(index: int) -> None:
+        token = (kept, fenced, lapsed, None)[index]
+        if token is None:  # the saboteur: works on the rows behind the lease's back
+            try:
+                assert await _wait_until(lambda: len(backend.batches) >= 1)
+                await backend.forget(fenced)  # row gone: the renewal is fenced
+                await backend.release(lapsed, ExitMode.ABANDONED)  # no longer renewable
+                assert await _wait_until(lambda: {"fenced", "lapsed"} <= set(outcome))
+                await asleep(0.2)  # a few more rounds for the survivor
+            finally:
+                done.set()
+            return
+        try:
+            async with lease.renewal(token, interval=0.05) as renewal:
+                entered.set()
+                while not done.is_set():
+                    await spin(renewal, seconds=0.05)
+            outcome[token.work_id] = "held"
+        except LeaseLostError as exc:
+            outcome[token.work_id] = exc
+
+    results = await aspawn_all(hold, 4)
+    assert [r for r in results if r is not None] == []
+    assert entered.is_set()
+    assert outcome["kept"] == "held"
+    assert isinstance(outcome["fenced"], FencedError)
+    assert isinstance(outcome["lapsed"], LeaseLapsedError)
+    assert any(len(batch) == 3 for batch in backend.batches)
+    # Events stay per token: the fencing is reported for the fenced token only.
+    fenced_events = [event.token.work_id for event in observer.of_type(FencedEvent)]
+    assert fenced_events == ["fenced"]
+    renewed = {e.token.work_id for e in observer.of_type(RenewEvent) if e.error is None}
+    assert renewed == {"kept", "fenced", "lapsed"}  # the first round renewed all three
+    # The survivor went on being renewed after the other two were lost.
+    last = [batch for batch in backend.batches if batch][-1]
+    assert last == ["kept"] or backend.single[-1:] == ["kept"]
+
+
+async def test_backend_without_renew_many_renews_token_by_token() -> None:
+    backend = SingleOnlyBackend()
+    lease = AsyncLease(backend, holder_id="a", ttl=30.0)
+    tokens = [await lease.acquire(w) for w in ("w1", "w2", "w3")]
+    done = AEvent()
+
+    async def hold(index: int) -> None:
+        if index == len(tokens):
+            try:
+                assert await _wait_until(lambda: len(backend.single) >= 9)
+            finally:
+                done.set()
+            return
+        async with lease.renewal(tokens[index], interval=0.05) as renewal:
+            while not done.is_set():
+                await spin(renewal, seconds=0.05)
+
+    results = await aspawn_all(hold, len(tokens) + 1)
+    assert [r for r in results if r is not None] == []
+    assert backend.batches == []
+    assert set(backend.single) == {"w1", "w2", "w3"}
+
+
+async def test_two_renewals_of_one_token_are_not_sent_in_one_call() -> None:
+    backend = CountingBackend()
+    lease = AsyncLease(backend, holder_id="a", ttl=30.0)
+    token = await lease.acquire("w1")
+    other = await lease.acquire("w2")
+    async with (
+        lease.renewal(token, interval=0.05) as first,
+        lease.renewal(token, interval=0.05) as second,
+        lease.renewal(other, interval=0.05) as third,
+    ):
+        assert await _wait_until(lambda: len(backend.batches) + len(backend.single) >= 6)
+        for renewal in (first, second, third):
+            renewal.raise_if_lost()
+    assert all(len(batch) == len(set(batch)) for batch in backend.batches)
+    assert "w1" in backend.single or any(batch.count("w1") for batch in backend.batches)
+
+
+@pytest.mark.parametrize("count", [1, 3])
+async def test_stopped_renewals_leave_no_worker_behind(count: int) -> None:
+    backend = CountingBackend()
+    lease = AsyncLease(backend, holder_id="a", ttl=30.0)
+    tokens = [await lease.acquire(f"w{i}") for i in range(count)]
+    for token in tokens:
+        async with lease.renewal(token, interval=0.02):
+            assert await _wait_until(lambda: len(backend.batches) + len(backend.single) >= 1)
+    for token in tokens:
+        await lease.release(token, ExitMode.FINISHED)
+    assert all(row.exit_mode is ExitMode.FINISHED for row in backend.rows())
