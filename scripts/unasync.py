@@ -78,6 +78,10 @@ REPLACEMENTS: dict[str, str] = {
     "AsyncLeader": "Leader",
     "AsyncPool": "Pool",
     "AsyncPostgresBackend": "PostgresBackend",
+    "AsyncReleaseHub": "ReleaseHub",
+    "AsyncReleaseWatch": "ReleaseWatch",
+    "AsyncReleaseListener": "ReleaseListener",
+    "AsyncRenewer": "Renewer",
     # compat pairs (worklease._acompat)
     "asleep": "sleep",
     "AEvent": "Event",
@@ -90,6 +94,10 @@ REPLACEMENTS: dict[str, str] = {
     "AHostCanceller": "HostCanceller",
     "abounded": "bounded",
     "wait_timeout": "wait",
+    "set_threadsafe": "set",
+    "aloop_key": "loop_key",
+    "aabandonable": "abandonable",
+    "ARENEWER_LINGER": "RENEWER_LINGER",
     # psycopg and psycopg_pool (import them from the package top level)
     "AsyncClientCursor": "ClientCursor",
     "AsyncConnection": "Connection",

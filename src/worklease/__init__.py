@@ -77,6 +77,7 @@ from .observers import ReadCheckpointEvent as ReadCheckpointEvent
 from .observers import ReleaseEvent as ReleaseEvent
 from .observers import RenewEvent as RenewEvent
 from .observers import SlotAcquiredEvent as SlotAcquiredEvent
+from .observers import ScanEvent as ScanEvent
 from .observers import SlotBackoffEvent as SlotBackoffEvent
 from .observers import SlotDeadEvent as SlotDeadEvent
 from .observers import SlotLostEvent as SlotLostEvent
@@ -144,6 +145,7 @@ __all__ = [
     "Retire",
     "Runner",
     "SlotAcquiredEvent",
+    "ScanEvent",
     "SlotBackoffEvent",
     "SlotDeadEvent",
     "SlotLostEvent",

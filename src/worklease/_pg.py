@@ -14,6 +14,7 @@ only move from "expired" to "fenced", the safe direction.
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 from importlib import resources
 from typing import Any
@@ -24,11 +25,13 @@ from psycopg import sql
 
 from ._failures import fenced, held, lease_expired
 from ._models import Checkpoint, ExitMode, Token
-from .errors import BackendError, ConfigError
+from .errors import BackendError, ConfigError, LeaseLostError
 
 __all__ = ["Statements", "map_error", "schema_sql"]
 
 TABLE = "worklease_leases"
+RELEASE_CHANNEL = "worklease_release"
+"""The NOTIFY channel a release or forget announces its work ID on (at commit)."""
 SEQUENCE = "worklease_fencing_seq"
 _PIN = "SET TRANSACTION ISOLATION LEVEL READ COMMITTED; "
 _MISSING_SCHEMA_HINT = (
@@ -143,6 +146,69 @@ WHERE work_id = %(work_id)s AND NOT EXISTS (SELECT 1 FROM granted)"""
                 held_extra=", NULL::bytea, NULL::text, NULL::text",
             )
         )
+        # Batch statements: rows are locked in work_id order, so concurrent batches over
+        # overlapping work IDs (from any number of processes) cannot deadlock; results come
+        # back in input order (the ordinality of the input array).
+        self.find_available = build(
+            """SELECT w.work_id
+FROM unnest(%(work_ids)s::text[]) WITH ORDINALITY AS w(work_id, n)
+LEFT JOIN {table} AS l ON l.work_id = w.work_id
+WHERE l.work_id IS NULL OR l.expires_at < now()
+ORDER BY w.n"""
+        )
+        # acquire_reading for many work IDs; the SET list is the single acquire's.
+        self.acquire_many = build(
+            """WITH granted AS (
+    INSERT INTO {table} AS l (work_id, holder_id, expires_at)
+    SELECT w.work_id, %(holder_id)s, now() + %(ttl)s
+    FROM unnest(%(work_ids)s::text[]) AS w(work_id)
+    ORDER BY w.work_id
+    ON CONFLICT (work_id) DO UPDATE SET
+        holder_id = EXCLUDED.holder_id,
+        fencing_token = EXCLUDED.fencing_token,
+        expires_at = EXCLUDED.expires_at,
+        exit_mode = NULL,
+        prev_exit_mode = COALESCE(l.exit_mode, 'expired'),
+        prev_holder_id = l.holder_id,
+        updated_at = now()
+    WHERE l.expires_at < now()
+    RETURNING work_id, fencing_token, expires_at, checkpoint, prev_exit_mode, prev_holder_id
+)
+SELECT g.work_id, g.fencing_token, g.expires_at, g.checkpoint, g.prev_exit_mode,
+       g.prev_holder_id, current_schema()
+FROM granted AS g
+JOIN unnest(%(work_ids)s::text[]) WITH ORDINALITY AS w(work_id, n) ON w.work_id = g.work_id
+ORDER BY w.n"""
+        )
+        # renew for many tokens: one (renewed, expired) pair per input token, as renew's.
+        # The locking CTE reads each row's latest version, so a row superseded while waiting
+        # for its lock drops out (fenced), the safe direction.
+        self.renew_many = build(
+            """SELECT set_config('statement_timeout', %(statement_timeout)s, true);
+WITH input AS (
+    SELECT * FROM unnest(%(work_ids)s::text[], %(holder_ids)s::text[], %(tokens)s::bigint[])
+        WITH ORDINALITY AS i(work_id, holder_id, fencing_token, n)
+), locked AS (
+    SELECT l.work_id, l.exit_mode, l.expires_at
+    FROM {table} AS l
+    JOIN input AS i ON l.work_id = i.work_id AND l.holder_id = i.holder_id
+        AND l.fencing_token = i.fencing_token
+    ORDER BY l.work_id
+    FOR UPDATE OF l
+), renewed AS (
+    UPDATE {table} AS l SET expires_at = now() + %(ttl)s, updated_at = now()
+    FROM input AS i
+    WHERE l.work_id = i.work_id AND l.holder_id = i.holder_id
+        AND l.fencing_token = i.fencing_token AND l.expires_at > now()
+        AND l.work_id IN (SELECT work_id FROM locked)
+    RETURNING l.work_id
+)
+SELECT EXISTS (SELECT 1 FROM renewed AS r WHERE r.work_id = i.work_id),
+       (SELECT k.exit_mode IS NOT NULL OR k.expires_at <= now()
+        FROM locked AS k WHERE k.work_id = i.work_id)
+FROM input AS i
+ORDER BY i.n"""
+        )
         self.checkpoint = build(
             f"""WITH written AS (
     UPDATE {{table}} SET checkpoint = %(state)s, expires_at = now() + %(ttl)s, updated_at = now()
@@ -167,7 +233,7 @@ SELECT EXISTS (SELECT 1 FROM renewed),
     UPDATE {{table}}
     SET exit_mode = %(mode)s, expires_at = now() - interval '1 millisecond', updated_at = now()
     WHERE {owned} AND expires_at > now()
-    RETURNING 1
+    RETURNING pg_notify('{RELEASE_CHANNEL}', work_id)
 )
 SELECT EXISTS (SELECT 1 FROM released),
        (SELECT exit_mode IS NOT NULL OR expires_at <= now() FROM {{table}} WHERE {owned})"""
@@ -176,7 +242,12 @@ SELECT EXISTS (SELECT 1 FROM released),
             """SELECT fencing_token, checkpoint, prev_exit_mode, prev_holder_id
 FROM {table} WHERE work_id = %(work_id)s"""
         )
-        self.forget = build(f"DELETE FROM {{table}} WHERE {owned} RETURNING 1")
+        # Waiters listening on RELEASE_CHANNEL wake at once (RETURNING runs only for a row
+        # actually released or deleted; the notification goes out at commit).
+        self.forget = build(
+            f"DELETE FROM {{table}} WHERE {owned}\n"
+            f"RETURNING 1, pg_notify('{RELEASE_CHANNEL}', work_id)"
+        )
         sweepable = """updated_at < now() - %(retention)s
   AND expires_at < now()
   AND (exit_mode = 'retired' OR (%(include_expired)s AND exit_mode IS NULL))"""
@@ -247,6 +318,38 @@ ORDER BY work_id"""
         if expired:
             raise lease_expired(token, operation, "the lease expired or was released")
         raise fenced(token, operation)
+
+    @staticmethod
+    def granted_many(rows: list[tuple[Any, ...]], holder_id: str) -> list[tuple[Token, Checkpoint]]:
+        """The grants of an ``acquire_many`` statement, in input order."""
+        return [
+            (
+                Token(work_id, holder_id, int(fencing_token), _utc(expires_at)),
+                Checkpoint(
+                    bytes(state) if state is not None else None,
+                    ExitMode.from_stored(prev_exit),
+                    prev_holder,
+                ),
+            )
+            for work_id, fencing_token, expires_at, state, prev_exit, prev_holder, _ in rows
+        ]
+
+    @staticmethod
+    def renewed_many(
+        rows: list[tuple[Any, ...]], tokens: Sequence[Token]
+    ) -> list[LeaseLostError | None]:
+        """Per token of a ``renew_many`` statement: ``None`` or the error ``renew`` raises."""
+        if len(rows) != len(tokens):
+            raise BackendError(f"renew_many: {len(rows)} results for {len(tokens)} tokens")
+        outcomes: list[LeaseLostError | None] = []
+        for token, (done, expired) in zip(tokens, rows, strict=True):
+            if done:
+                outcomes.append(None)
+            elif expired:
+                outcomes.append(lease_expired(token, "renew", "the lease expired or was released"))
+            else:
+                outcomes.append(fenced(token, "renew"))
+        return outcomes
 
     @staticmethod
     def checkpoint_row(rows: list[tuple[Any, ...]], token: Token) -> Checkpoint:

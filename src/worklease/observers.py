@@ -26,6 +26,7 @@ __all__ = [
     "ReleaseEvent",
     "RenewEvent",
     "SlotAcquiredEvent",
+    "ScanEvent",
     "SlotBackoffEvent",
     "SlotDeadEvent",
     "SlotLostEvent",
@@ -169,6 +170,20 @@ class SlotBackoffEvent:
 
 
 @dataclass(frozen=True, slots=True)
+class ScanEvent:
+    """A pool looked for free work IDs among ``candidates`` (those it neither holds nor has
+    retired or given up) and acquired ``acquired`` of them; ``error`` when the scan failed
+    (the pool then waits ``backoff_interval``)."""
+
+    __module__ = "worklease"
+
+    candidates: int
+    acquired: tuple[str, ...]
+    duration: float
+    error: BaseException | None
+
+
+@dataclass(frozen=True, slots=True)
 class SlotDeadEvent:
     """A pool slot failed permanently and stopped."""
 
@@ -246,6 +261,9 @@ class PoolObserver:
 
     def on_slot_retired(self, event: SlotRetiredEvent) -> None:
         """A slot retired its work ID."""
+
+    def on_scan(self, event: ScanEvent) -> None:
+        """The pool scanned for free work IDs (once per idle interval, or on a release)."""
 
 
 _E = TypeVar("_E")

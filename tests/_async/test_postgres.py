@@ -7,7 +7,9 @@ cases need direct SQL, several pools, or network faults.
 from __future__ import annotations
 
 import dataclasses
+import random
 from collections.abc import AsyncIterator
+from datetime import UTC, datetime
 from typing import Any
 
 import psycopg
@@ -613,3 +615,151 @@ async def test_runner_reads_the_prior_checkpoint_with_the_acquire(
     (read,) = observer.of_type(ReadCheckpointEvent)
     assert read.duration == 0.0  # answered by the acquire statement itself
     assert read.prev_exit is ExitMode.NONE
+
+
+async def _lock_waiters(conn: AsyncConnection[Any]) -> int:
+    cursor = await conn.execute(
+        "SELECT count(*) FROM pg_stat_activity"
+        " WHERE datname = current_database() AND wait_event_type = 'Lock'"
+    )
+    found = await cursor.fetchone()
+    return int(found[0]) if found else 0
+
+
+@pytest.mark.parametrize("rows", ["absent", "expired"])
+async def test_concurrent_acquire_many_no_deadlock_each_id_once(
+    pool: AsyncConnectionPool[Any], postgres_dsn: str, rows: str
+) -> None:
+    """Two backends acquire_many the same 200 work IDs at once, one in a shuffled order and
+    one in the reverse of it: both finish (rows are locked in work_id order, so no deadlock)
+    and every work ID is granted exactly once.
+
+    A third transaction holds the work ID in the middle of both lists until both batches wait
+    on a lock, so the two statements really overlap: locking in input order, each would hold
+    one half and then need the other's.
+    """
+    ids = [f"bulk-{i:03d}" for i in range(200)]
+    if rows == "expired":
+        pg.execute(
+            postgres_dsn,
+            "INSERT INTO worklease_leases (work_id, holder_id, expires_at)"
+            " SELECT unnest(%s::text[]), 'old', now() - interval '1 second'",
+            (ids,),
+        )
+    shuffled = list(ids)
+    random.Random(7).shuffle(shuffled)
+    orders = [shuffled, shuffled[::-1]]
+    middle = shuffled[100]
+    async with (
+        AsyncConnectionPool(postgres_dsn, min_size=1, max_size=2, open=False) as other_pool,
+        AsyncPostgresBackend(pool) as first,
+        AsyncPostgresBackend(other_pool) as second,
+        await AsyncConnection.connect(postgres_dsn) as blocker,
+        await AsyncConnection.connect(postgres_dsn, autocommit=True) as watcher,
+    ):
+        backends = [first, second]
+        if rows == "expired":
+            await blocker.execute(
+                "SELECT 1 FROM worklease_leases WHERE work_id = %s FOR UPDATE", (middle,)
+            )
+        else:
+            await blocker.execute(
+                "INSERT INTO worklease_leases (work_id, holder_id, expires_at)"
+                " VALUES (%s, 'blocker', now() + interval '1 hour')",
+                (middle,),
+            )
+
+        async def take(index: int) -> list[tuple[Token, Checkpoint]]:
+            if index < 2:
+                holder = "bulk-holder-" + str(index)
+                return await backends[index].acquire_many(orders[index], holder, TTL)
+            for _ in range(3000):
+                if await _lock_waiters(watcher) >= 2:
+                    break
+                await asleep(0.01)
+            else:
+                raise AssertionError("the two batches never both waited on a lock")
+            await blocker.commit()
+            return []
+
+        results = await aspawn_all(take, 3)
+    failures = [r for r in results if isinstance(r, BaseException)]
+    assert not failures, failures
+    grants = [grant for result in results if isinstance(result, list) for grant in result]
+    granted = [token.work_id for token, _ in grants]
+    # "absent": the blocker's insert committed, so it holds the middle work ID
+    free = ids if rows == "expired" else [w for w in ids if w != middle]
+    assert sorted(granted) == free  # each free work ID exactly once
+    for index, result in enumerate(results[:2]):
+        assert isinstance(result, list)
+        assert all(token.holder_id == "bulk-holder-" + str(index) for token, _ in result)
+        mine = {token.work_id for token, _ in result}
+        assert [t.work_id for t, _ in result] == [w for w in orders[index] if w in mine]
+        prev = ExitMode.EXPIRED if rows == "expired" else ExitMode.NONE
+        assert all(prior.prev_exit is prev for _, prior in result)
+    stored = pg.execute(postgres_dsn, "SELECT work_id, holder_id FROM worklease_leases")
+    expected = [(t.work_id, t.holder_id) for t, _ in grants]
+    if rows == "absent":
+        expected.append((middle, "blocker"))
+    assert sorted(stored) == sorted(expected)
+
+
+async def test_batch_methods_validate_before_any_io(postgres_dsn: str) -> None:
+    """Bad batches raise TypeError/ValueError and empty ones return [] without touching the
+    database: the backend's pool is never opened here."""
+    pool: AsyncConnectionPool[Any] = AsyncConnectionPool(postgres_dsn, open=False)
+    backend = AsyncPostgresBackend(pool)
+    token = Token("w1", "h", 1, datetime(2026, 1, 1, tzinfo=UTC))
+    assert await backend.acquire_many([], "h", TTL) == []
+    assert await backend.find_available([]) == []
+    assert await backend.renew_many([], TTL) == []
+    with pytest.raises(ValueError):
+        await backend.acquire_many(["w1", "w1"], "h", TTL)
+    with pytest.raises(TypeError):
+        await backend.acquire_many("w1", "h", TTL)
+    with pytest.raises(ValueError):
+        await backend.find_available(["w1", ""])
+    with pytest.raises(ValueError):
+        await backend.renew_many([token, token], TTL)
+    assert pool.closed
+    await backend.close()
+
+
+async def test_concurrent_renew_many_no_deadlock(
+    pool: AsyncConnectionPool[Any], postgres_dsn: str
+) -> None:
+    """Two backends renew_many the same 200 tokens at once, in a shuffled order and its
+    reverse, while a third transaction holds the row in the middle until both wait: both
+    finish and renew every token (rows are locked in work_id order)."""
+    ids = [f"bulk-{i:03d}" for i in range(200)]
+    async with (
+        AsyncConnectionPool(postgres_dsn, min_size=1, max_size=2, open=False) as other_pool,
+        AsyncPostgresBackend(pool) as first,
+        AsyncPostgresBackend(other_pool) as second,
+        await AsyncConnection.connect(postgres_dsn) as blocker,
+        await AsyncConnection.connect(postgres_dsn, autocommit=True) as watcher,
+    ):
+        tokens = [token for token, _ in await first.acquire_many(ids, "holder", TTL)]
+        assert len(tokens) == 200
+        random.Random(7).shuffle(tokens)
+        orders = [tokens, tokens[::-1]]
+        backends = [first, second]
+        await blocker.execute(
+            "SELECT 1 FROM worklease_leases WHERE work_id = %s FOR UPDATE",
+            (tokens[100].work_id,),
+        )
+
+        async def renew(index: int) -> list[Any]:
+            if index < 2:
+                return await backends[index].renew_many(orders[index], TTL)
+            for _ in range(3000):
+                if await _lock_waiters(watcher) >= 2:
+                    break
+                await asleep(0.01)
+            else:
+                raise AssertionError("the two batches never both waited on a lock")
+            await blocker.commit()
+            return []
+
+        results = await aspawn_all(renew, 3)
+    assert results[:2] == [[None] * 200, [None] * 200], results

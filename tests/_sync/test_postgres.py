@@ -10,7 +10,9 @@ cases need direct SQL, several pools, or network faults.
 from __future__ import annotations
 
 import dataclasses
+import random
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from typing import Any
 
 import psycopg
@@ -606,3 +608,149 @@ def test_runner_reads_the_prior_checkpoint_with_the_acquire(
     (read,) = observer.of_type(ReadCheckpointEvent)
     assert read.duration == 0.0  # answered by the acquire statement itself
     assert read.prev_exit is ExitMode.NONE
+
+
+def _lock_waiters(conn: Connection[Any]) -> int:
+    cursor = conn.execute(
+        "SELECT count(*) FROM pg_stat_activity"
+        " WHERE datname = current_database() AND wait_event_type = 'Lock'"
+    )
+    found = cursor.fetchone()
+    return int(found[0]) if found else 0
+
+
+@pytest.mark.parametrize("rows", ["absent", "expired"])
+def test_concurrent_acquire_many_no_deadlock_each_id_once(
+    pool: ConnectionPool[Any], postgres_dsn: str, rows: str
+) -> None:
+    """Two backends acquire_many the same 200 work IDs at once, one in a shuffled order and
+    one in the reverse of it: both finish (rows are locked in work_id order, so no deadlock)
+    and every work ID is granted exactly once.
+
+    A third transaction holds the work ID in the middle of both lists until both batches wait
+    on a lock, so the two statements really overlap: locking in input order, each would hold
+    one half and then need the other's.
+    """
+    ids = [f"bulk-{i:03d}" for i in range(200)]
+    if rows == "expired":
+        pg.execute(
+            postgres_dsn,
+            "INSERT INTO worklease_leases (work_id, holder_id, expires_at)"
+            " SELECT unnest(%s::text[]), 'old', now() - interval '1 second'",
+            (ids,),
+        )
+    shuffled = list(ids)
+    random.Random(7).shuffle(shuffled)
+    orders = [shuffled, shuffled[::-1]]
+    middle = shuffled[100]
+    with (
+        ConnectionPool(postgres_dsn, min_size=1, max_size=2, open=False) as other_pool,
+        PostgresBackend(pool) as first,
+        PostgresBackend(other_pool) as second,
+        Connection.connect(postgres_dsn) as blocker,
+        Connection.connect(postgres_dsn, autocommit=True) as watcher,
+    ):
+        backends = [first, second]
+        if rows == "expired":
+            blocker.execute(
+                "SELECT 1 FROM worklease_leases WHERE work_id = %s FOR UPDATE", (middle,)
+            )
+        else:
+            blocker.execute(
+                "INSERT INTO worklease_leases (work_id, holder_id, expires_at)"
+                " VALUES (%s, 'blocker', now() + interval '1 hour')",
+                (middle,),
+            )
+
+        def take(index: int) -> list[tuple[Token, Checkpoint]]:
+            if index < 2:
+                holder = "bulk-holder-" + str(index)
+                return backends[index].acquire_many(orders[index], holder, TTL)
+            for _ in range(3000):
+                if _lock_waiters(watcher) >= 2:
+                    break
+                sleep(0.01)
+            else:
+                raise AssertionError("the two batches never both waited on a lock")
+            blocker.commit()
+            return []
+
+        results = spawn_all(take, 3)
+    failures = [r for r in results if isinstance(r, BaseException)]
+    assert not failures, failures
+    grants = [grant for result in results if isinstance(result, list) for grant in result]
+    granted = [token.work_id for token, _ in grants]
+    # "absent": the blocker's insert committed, so it holds the middle work ID
+    free = ids if rows == "expired" else [w for w in ids if w != middle]
+    assert sorted(granted) == free  # each free work ID exactly once
+    for index, result in enumerate(results[:2]):
+        assert isinstance(result, list)
+        assert all(token.holder_id == "bulk-holder-" + str(index) for token, _ in result)
+        mine = {token.work_id for token, _ in result}
+        assert [t.work_id for t, _ in result] == [w for w in orders[index] if w in mine]
+        prev = ExitMode.EXPIRED if rows == "expired" else ExitMode.NONE
+        assert all(prior.prev_exit is prev for _, prior in result)
+    stored = pg.execute(postgres_dsn, "SELECT work_id, holder_id FROM worklease_leases")
+    expected = [(t.work_id, t.holder_id) for t, _ in grants]
+    if rows == "absent":
+        expected.append((middle, "blocker"))
+    assert sorted(stored) == sorted(expected)
+
+
+def test_batch_methods_validate_before_any_io(postgres_dsn: str) -> None:
+    """Bad batches raise TypeError/ValueError and empty ones return [] without touching the
+    database: the backend's pool is never opened here."""
+    pool: ConnectionPool[Any] = ConnectionPool(postgres_dsn, open=False)
+    backend = PostgresBackend(pool)
+    token = Token("w1", "h", 1, datetime(2026, 1, 1, tzinfo=UTC))
+    assert backend.acquire_many([], "h", TTL) == []
+    assert backend.find_available([]) == []
+    assert backend.renew_many([], TTL) == []
+    with pytest.raises(ValueError):
+        backend.acquire_many(["w1", "w1"], "h", TTL)
+    with pytest.raises(TypeError):
+        backend.acquire_many("w1", "h", TTL)
+    with pytest.raises(ValueError):
+        backend.find_available(["w1", ""])
+    with pytest.raises(ValueError):
+        backend.renew_many([token, token], TTL)
+    assert pool.closed
+    backend.close()
+
+
+def test_concurrent_renew_many_no_deadlock(pool: ConnectionPool[Any], postgres_dsn: str) -> None:
+    """Two backends renew_many the same 200 tokens at once, in a shuffled order and its
+    reverse, while a third transaction holds the row in the middle until both wait: both
+    finish and renew every token (rows are locked in work_id order)."""
+    ids = [f"bulk-{i:03d}" for i in range(200)]
+    with (
+        ConnectionPool(postgres_dsn, min_size=1, max_size=2, open=False) as other_pool,
+        PostgresBackend(pool) as first,
+        PostgresBackend(other_pool) as second,
+        Connection.connect(postgres_dsn) as blocker,
+        Connection.connect(postgres_dsn, autocommit=True) as watcher,
+    ):
+        tokens = [token for token, _ in first.acquire_many(ids, "holder", TTL)]
+        assert len(tokens) == 200
+        random.Random(7).shuffle(tokens)
+        orders = [tokens, tokens[::-1]]
+        backends = [first, second]
+        blocker.execute(
+            "SELECT 1 FROM worklease_leases WHERE work_id = %s FOR UPDATE",
+            (tokens[100].work_id,),
+        )
+
+        def renew(index: int) -> list[Any]:
+            if index < 2:
+                return backends[index].renew_many(orders[index], TTL)
+            for _ in range(3000):
+                if _lock_waiters(watcher) >= 2:
+                    break
+                sleep(0.01)
+            else:
+                raise AssertionError("the two batches never both waited on a lock")
+            blocker.commit()
+            return []
+
+        results = spawn_all(renew, 3)
+    assert results[:2] == [[None] * 200, [None] * 200], results

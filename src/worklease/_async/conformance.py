@@ -50,6 +50,7 @@ from ..errors import (
     InvalidExitModeError,
     LeaseExpiredError,
     LeaseHeldError,
+    LeaseLostError,
 )
 from .backend import AsyncBackend
 
@@ -78,6 +79,9 @@ class AsyncBackendConformance:
 
     PROMPT: ClassVar[float] = 10.0
     """Upper bound in seconds for an acquire that must not wait (a third of ``NORMAL_TTL``)."""
+
+    SHORT_TTL: ClassVar[float] = 0.5
+    """A TTL that a test outlives on purpose (by sleeping), to see whether expiry moved."""
 
     NEVER: ClassVar[Token] = Token(
         "never-acquired", "h", 1, datetime(2026, 1, 1, 12, 0, tzinfo=UTC)
@@ -656,6 +660,245 @@ class AsyncBackendConformance:
         with pytest.raises(LeaseHeldError):
             await combined("w1", "holder-b", self.NORMAL_TTL)
         assert await backend.read_checkpoint(a) == Checkpoint(b"mine", ExitMode.NONE, None)
+
+    # -- Extra: the optional batch methods ----------------------------------------------------
+
+    AWKWARD_IDS: ClassVar[tuple[str, ...]] = (
+        "zeta",
+        "NULL",
+        "a,b",
+        "{x}",
+        'q"u',
+        "back\\slash",
+        "o'k",
+        " sp ",
+        "\u00e9",
+        "alpha",
+    )
+    """Valid work IDs, not in sorted order, with characters that need quoting in lists."""
+
+    @staticmethod
+    def optional(backend: AsyncBackend, name: str) -> Any:
+        """The backend's optional method ``name``, or skip the test."""
+        method = getattr(backend, name, None)
+        if method is None:
+            pytest.skip(f"the backend has no {name} (optional)")
+        return method
+
+    async def test_acquire_many_grants_free_leaves_held_out(self, backend: AsyncBackend) -> None:
+        """Extra: acquire_many grants the free work IDs and leaves held ones (by anybody,
+        the caller included) out and untouched."""
+        acquire_many = self.optional(backend, "acquire_many")
+        other = await backend.acquire("w-held", "holder-a", self.NORMAL_TTL)
+        own = await backend.acquire("w-own", "holder-b", self.NORMAL_TTL)
+        await backend.checkpoint(other, b"theirs", self.NORMAL_TTL)
+        grants = await acquire_many(["w1", "w-held", "w-own", "w2"], "holder-b", self.NORMAL_TTL)
+        assert [token.work_id for token, _ in grants] == ["w1", "w2"]
+        for token, prior in grants:
+            assert token.holder_id == "holder-b"
+            assert token.fencing_token > 0
+            assert token.expires_at.tzinfo is not None
+            assert prior == Checkpoint(None, ExitMode.NONE, None)
+            assert await backend.read_checkpoint(token) == prior
+            with pytest.raises(LeaseHeldError):
+                await backend.acquire(token.work_id, "holder-c", self.NORMAL_TTL)
+            await backend.renew(token, self.NORMAL_TTL)
+        assert await backend.read_checkpoint(other) == Checkpoint(b"theirs", ExitMode.NONE, None)
+        await backend.renew(other, self.NORMAL_TTL)
+        await backend.renew(own, self.NORMAL_TTL)
+        with pytest.raises(LeaseHeldError):
+            await backend.acquire("w-held", "holder-c", self.NORMAL_TTL)
+
+    async def test_acquire_many_hands_over_like_acquire(self, backend: AsyncBackend) -> None:
+        """Extra: acquire_many grants expired and released work IDs, returning the kept
+        checkpoint, how the previous holder left and who it was; the old tokens are fenced."""
+        acquire_many = self.optional(backend, "acquire_many")
+        lapsed = await backend.acquire("w-expired", "holder-a", self.EXPIRED_TTL)
+        await backend.checkpoint(lapsed, b"partial", self.EXPIRED_TTL)
+        released = await backend.acquire("w-released", "holder-b", self.NORMAL_TTL)
+        await backend.checkpoint(released, b"final", self.NORMAL_TTL)
+        await backend.release(released, ExitMode.ABANDONED)
+        retired = await backend.acquire("w-retired", "holder-a", self.NORMAL_TTL)
+        await backend.release(retired, ExitMode.RETIRED)
+        grants = await acquire_many(
+            ["w-released", "w-expired", "w-retired", "w-new"], "holder-c", self.NORMAL_TTL
+        )
+        assert [(token.work_id, prior) for token, prior in grants] == [
+            ("w-released", Checkpoint(b"final", ExitMode.ABANDONED, "holder-b")),
+            ("w-expired", Checkpoint(b"partial", ExitMode.EXPIRED, "holder-a")),
+            ("w-retired", Checkpoint(None, ExitMode.RETIRED, "holder-a")),
+            ("w-new", Checkpoint(None, ExitMode.NONE, None)),
+        ]
+        for token, prior in grants:
+            assert token.holder_id == "holder-c"
+            assert await backend.read_checkpoint(token) == prior
+        with pytest.raises(FencedError):
+            await backend.renew(lapsed, self.NORMAL_TTL)
+        with pytest.raises(FencedError):
+            await backend.checkpoint(lapsed, b"zombie", self.NORMAL_TTL)
+        with pytest.raises(FencedError):
+            await backend.read_checkpoint(released)
+
+    async def test_acquire_many_issues_greater_tokens(self, backend: AsyncBackend) -> None:
+        """Extra: every token acquire_many issues is greater than any issued before it, and
+        distinct; later tokens are greater still."""
+        acquire_many = self.optional(backend, "acquire_many")
+        earlier = [
+            await backend.acquire("w-other", "h", self.NORMAL_TTL),
+            await backend.acquire("w2", "h", self.EXPIRED_TTL),
+        ]
+        grants = await acquire_many(["w3", "w2", "w1"], "h2", self.NORMAL_TTL)
+        issued = [token.fencing_token for token, _ in grants]
+        assert len(issued) == 3
+        assert len(set(issued)) == 3
+        assert min(issued) > max(token.fencing_token for token in earlier)
+        later = await backend.acquire("w-later", "h", self.NORMAL_TTL)
+        assert later.fencing_token > max(issued)
+
+    async def test_acquire_many_keeps_input_order(self, backend: AsyncBackend) -> None:
+        """Extra: acquire_many returns its grants in input order, whatever the work IDs."""
+        acquire_many = self.optional(backend, "acquire_many")
+        await backend.acquire("held", "holder-a", self.NORMAL_TTL)
+        ids = list(self.AWKWARD_IDS)
+        ids.insert(3, "held")
+        grants = await acquire_many(ids, "holder-b", self.NORMAL_TTL)
+        assert [token.work_id for token, _ in grants] == list(self.AWKWARD_IDS)
+        again = list(reversed(self.AWKWARD_IDS))
+        for token, _ in grants:
+            await backend.release(token, ExitMode.FINISHED)
+        regrants = await acquire_many(again, "holder-c", self.NORMAL_TTL)
+        assert [token.work_id for token, _ in regrants] == again
+        assert all(
+            prior == Checkpoint(None, ExitMode.FINISHED, "holder-b") for _, prior in regrants
+        )
+
+    async def test_acquire_many_rejects_bad_input(self, backend: AsyncBackend) -> None:
+        """Extra: acquire_many with repeated or invalid work IDs raises ValueError or
+        TypeError and stores nothing; an empty list grants nothing."""
+        acquire_many = self.optional(backend, "acquire_many")
+        cases: list[tuple[object, type[Exception]]] = [
+            (["w1", "w2", "w1"], ValueError),
+            (["w1", "w2", ""], ValueError),
+            (["w1", "w2", "a\x00b"], ValueError),
+            (["w1", "w2", "x" * 1025], ValueError),
+            (["w1", "w2", 123], TypeError),
+            (["w1", "w2", None], TypeError),
+            ("w1", TypeError),
+        ]
+        for work_ids, error in cases:
+            with pytest.raises(error):
+                await acquire_many(work_ids, "h", self.NORMAL_TTL)
+        assert await acquire_many([], "h", self.NORMAL_TTL) == []
+        await self._assert_fresh(backend, "w1", "h2")
+        await self._assert_fresh(backend, "w2", "h2")
+
+    async def test_find_available(self, backend: AsyncBackend) -> None:
+        """Extra: find_available lists, in input order, the work IDs with no row, expired or
+        released, never a held one; an empty list finds nothing."""
+        find_available = self.optional(backend, "find_available")
+        await backend.acquire("w-held", "holder-a", self.NORMAL_TTL)
+        await backend.acquire("w-expired", "holder-a", self.EXPIRED_TTL)
+        released = await backend.acquire("w-released", "holder-a", self.NORMAL_TTL)
+        await backend.release(released, ExitMode.FINISHED)
+        ids = ["w-released", "w-held", "w-new", "w-expired"]
+        assert await find_available(ids) == ["w-released", "w-new", "w-expired"]
+        assert await find_available(list(reversed(ids))) == ["w-expired", "w-new", "w-released"]
+        assert await find_available(["w-held"]) == []
+        assert await find_available([]) == []
+        assert await find_available(list(self.AWKWARD_IDS)) == list(self.AWKWARD_IDS)
+
+    async def test_find_available_writes_nothing(self, backend: AsyncBackend) -> None:
+        """Extra: find_available changes no lease: holders keep theirs, lapsed leases stay
+        lapsed, absent rows stay absent and successors read the same previous holder."""
+        find_available = self.optional(backend, "find_available")
+        held = await backend.acquire("w-held", "holder-a", self.NORMAL_TTL)
+        lapsed = await backend.acquire("w-expired", "holder-a", self.EXPIRED_TTL)
+        released = await backend.acquire("w-released", "holder-a", self.NORMAL_TTL)
+        await backend.release(released, ExitMode.FINISHED)
+        ids = ["w-held", "w-expired", "w-released", "w-new"]
+        await find_available(ids)
+        await backend.renew(held, self.NORMAL_TTL)
+        with pytest.raises(LeaseExpiredError):
+            await backend.renew(lapsed, self.NORMAL_TTL)
+        with pytest.raises(LeaseExpiredError):
+            await backend.release(released, ExitMode.ABANDONED)
+        await self._assert_fresh(backend, "w-new", "holder-b")
+        for work_id, mode in (("w-expired", ExitMode.EXPIRED), ("w-released", ExitMode.FINISHED)):
+            token = await backend.acquire(work_id, "holder-b", self.NORMAL_TTL)
+            assert await backend.read_checkpoint(token) == Checkpoint(None, mode, "holder-a")
+
+    async def test_renew_many_renews_every_token(self, backend: AsyncBackend) -> None:
+        """Extra: renew_many renews every live token (all outcomes None) and extends each
+        expiry to now + ttl; an empty list renews nothing."""
+        renew_many = self.optional(backend, "renew_many")
+        started = time.monotonic()
+        tokens = [
+            await backend.acquire(work_id, "h", self.SHORT_TTL)
+            for work_id in ("w2", "w1", "w3", *self.AWKWARD_IDS)
+        ]
+        assert await renew_many(tokens, self.NORMAL_TTL) == [None] * len(tokens)
+        assert await renew_many([], self.NORMAL_TTL) == []
+        # Past the TTL they were acquired with they are still held: the expiry moved.
+        await asleep(max(started + self.SHORT_TTL * 1.5 - time.monotonic(), 0.0))
+        for token in tokens:
+            with pytest.raises(LeaseHeldError):
+                await backend.acquire(token.work_id, "h2", self.NORMAL_TTL)
+            await backend.renew(token, self.NORMAL_TTL)
+
+    async def test_renew_many_reports_each_failure(self, backend: AsyncBackend) -> None:
+        """Extra: renew_many gives, per token, the error renew would raise (fenced for a
+        superseded, forged or never-acquired token, expired for a lapsed or released one)
+        and renews the others; the failed leases are left as they were."""
+        renew_many = self.optional(backend, "renew_many")
+        superseded = await backend.acquire("w-superseded", "holder-a", self.EXPIRED_TTL)
+        successor = await backend.acquire("w-superseded", "holder-b", self.NORMAL_TTL)
+        lapsed = await backend.acquire("w-lapsed", "holder-a", self.EXPIRED_TTL)
+        released = await backend.acquire("w-released", "holder-a", self.NORMAL_TTL)
+        await backend.release(released, ExitMode.FINISHED)
+        real = await backend.acquire("w-forged", "holder-c", self.NORMAL_TTL)
+        forged = dataclasses.replace(real, holder_id="holder-a")
+        started = time.monotonic()
+        good = await backend.acquire("w-good", "holder-a", self.SHORT_TTL)
+        last = await backend.acquire("w-good-2", "holder-a", self.SHORT_TTL)
+        tokens = [good, superseded, lapsed, self.NEVER, released, forged, last]
+        expected: list[type[LeaseLostError] | None] = [
+            None,
+            FencedError,
+            LeaseExpiredError,
+            FencedError,
+            LeaseExpiredError,
+            FencedError,
+            None,
+        ]
+        outcomes = await renew_many(tokens, self.NORMAL_TTL)
+        assert len(outcomes) == len(tokens)
+        for token, outcome, kind in zip(tokens, outcomes, expected, strict=True):
+            if kind is None:
+                assert outcome is None, (token, outcome)
+                continue
+            assert isinstance(outcome, kind), (token, outcome)
+            assert outcome.work_id in (None, token.work_id)
+        await asleep(max(started + self.SHORT_TTL * 1.5 - time.monotonic(), 0.0))
+        for token in (good, last):
+            with pytest.raises(LeaseHeldError):
+                await backend.acquire(token.work_id, "holder-d", self.NORMAL_TTL)
+        await backend.renew(successor, self.NORMAL_TTL)
+        await backend.renew(real, self.NORMAL_TTL)
+        for token, mode in ((lapsed, ExitMode.EXPIRED), (released, ExitMode.FINISHED)):
+            after = await backend.acquire(token.work_id, "holder-d", self.NORMAL_TTL)
+            assert await backend.read_checkpoint(after) == Checkpoint(None, mode, "holder-a")
+
+    async def test_renew_many_rejects_repeated_work_ids(self, backend: AsyncBackend) -> None:
+        """Extra: renew_many with a work ID listed twice raises ValueError."""
+        renew_many = self.optional(backend, "renew_many")
+        token = await backend.acquire("w1", "h", self.NORMAL_TTL)
+        other = await backend.acquire("w2", "h", self.NORMAL_TTL)
+        with pytest.raises(ValueError):
+            await renew_many([token, other, token], self.NORMAL_TTL)
+        with pytest.raises(ValueError):
+            await renew_many([token, self.stale(token)], self.NORMAL_TTL)
+        await backend.renew(token, self.NORMAL_TTL)
+        await backend.renew(other, self.NORMAL_TTL)
 
     # -- Extra: fencing order, exit modes and input validation --------------------------------
 

@@ -54,8 +54,10 @@ class AsyncHold:
         interval: float | timedelta | None,
         backoff: Backoff | None,
         cleanup_timeout: float,
+        granted: tuple[Token, Checkpoint] | None = None,
     ) -> None:
         self._lease = lease
+        self._granted = granted
         self._work_id = work_id
         self._wait = wait
         self._timeout = timeout
@@ -108,12 +110,17 @@ class AsyncHold:
         if self._token is not None:
             raise RuntimeError("a hold is entered once; ask the lease for a new one")
         lease = self._lease
-        token, prior = await lease._acquire_with_prior(
-            self._work_id,
-            wait=self._wait,
-            timeout=self._timeout,
-            poll_interval=self._poll_interval,
-        )
+        prior: Checkpoint | None
+        if self._granted is not None:  # acquired beforehand (a pool's batched acquire)
+            token, prior = self._granted
+            self._granted = None
+        else:
+            token, prior = await lease._acquire_with_prior(
+                self._work_id,
+                wait=self._wait,
+                timeout=self._timeout,
+                poll_interval=self._poll_interval,
+            )
         self._token = token
         try:
             self._prior = prior if prior is not None else await lease.read_checkpoint(token)

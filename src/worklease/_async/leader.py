@@ -21,6 +21,7 @@ from ..errors import (
 )
 from .hold import finish
 from .lease import DEFAULT_CLEANUP_TIMEOUT, DEFAULT_POLL_INTERVAL, AsyncLease
+from .watch import AsyncReleaseWatch, open_release_watch
 
 __all__ = ["AsyncLeader"]
 
@@ -42,7 +43,9 @@ class AsyncLeader:
     Pacing: when somebody else leads, ``run`` waits ``idle_interval`` (plus up to 20 %) and
     raises ``LeaseHeldError`` (with ``acquire_wait=True`` it waits for the lease instead); after
     another acquire error, and after every term that did not end fenced, it waits
-    ``backoff_interval``. Cancellation ends any wait at once; so does ``stop()``.
+    ``backoff_interval``. Cancellation ends any wait at once; so does ``stop()``. When the
+    backend can tell (see ``watch_releases``), a release of the work ID ends the waits for
+    somebody else's lease early, so leadership passes on at once.
     ``run_forever(fn)`` stands for election again after each term or attempt until cancelled
     or stopped; an exception from ``fn`` is logged and ends only that term. A stopped leader
     cannot run again (``RuntimeError``): build a new one.
@@ -96,6 +99,7 @@ class AsyncLeader:
         self._on_lost = on_lost
         self._on_relinquished = on_relinquished
         self._stop = AEvent()
+        self._watch: AsyncReleaseWatch | None = None
 
     @property
     def work_id(self) -> str:
@@ -109,6 +113,9 @@ class AsyncLeader:
     def stop(self) -> None:
         """Stop standing for election: waits end at once; a term in progress finishes first."""
         self._stop.set()
+        watch = self._watch  # read after setting the flag: see _pause
+        if watch is not None:
+            watch.close()  # ends a wait on it at once
 
     async def run_forever(self, fn: AsyncTokenCallback) -> None:
         """Stand for election, term after term, until cancelled or ``stop()``."""
@@ -132,7 +139,7 @@ class AsyncLeader:
         if self._stop.is_set():
             raise RuntimeError("this leader was stopped; build a new one to stand again")
 
-    async def _acquire(self) -> Token:
+    async def _acquire(self, watch: AsyncReleaseWatch | None) -> Token:
         """Acquire, waiting (stop-aware) when ``acquire_wait`` is set."""
         lease = self._lease
         if not self._acquire_wait:
@@ -144,18 +151,24 @@ class AsyncLeader:
             except LeaseHeldError as held:
                 if self._stop.is_set():
                     raise
-                await self._pause(pacing.next_delay(held.expires_at))
+                await self._pause(pacing.next_delay(held.expires_at), watch)
 
     async def _term(self, fn: AsyncTokenCallback) -> None:
         lease = self._lease
+        # Opened before the attempt, so a release right after it still ends the wait.
+        watch = self._watch = open_release_watch(lease.backend, (self._work_id,))
         try:
-            token = await self._acquire()
+            token = await self._acquire(watch)
         except LeaseHeldError:
-            await self._pause(jittered(self._idle_interval))
+            await self._pause(jittered(self._idle_interval), watch)
             raise
         except Exception:
             await self._pause(self._backoff_interval)
             raise
+        finally:
+            self._watch = None
+            if watch is not None:
+                watch.close()
         try:
             await self._callback(self._on_elected, token)
             renewal = lease.renewal(
@@ -225,8 +238,13 @@ class AsyncLeader:
         if error is not None and not isinstance(error, Retire):
             raise error
 
-    async def _pause(self, seconds: float) -> None:
-        await self._stop.wait_timeout(seconds)
+    async def _pause(self, seconds: float, watch: AsyncReleaseWatch | None = None) -> None:
+        if watch is None:
+            await self._stop.wait_timeout(seconds)
+        elif not self._stop.is_set():
+            # stop() sets the flag before closing the watch it finds: either it closes this
+            # one (ending the wait) or the flag is seen here.
+            await watch.wait(seconds)
 
     async def _callback(self, callback: AsyncTokenCallback | None, token: Token) -> None:
         if callback is None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
 from datetime import datetime
 from types import TracebackType
 from typing import Protocol
@@ -9,7 +10,9 @@ from typing import Protocol
 from .._memory import MemoryStore, RowSnapshot
 from .._models import Checkpoint, ExitMode, Token
 from .._validation import to_seconds
+from ..errors import LeaseLostError
 from .backend import StateLike
+from .watch import AsyncReleaseHub, AsyncReleaseWatch
 
 __all__ = ["AsyncMemoryBackend", "Clock"]
 
@@ -26,13 +29,17 @@ class AsyncMemoryBackend:
     ``clock`` (for example ``worklease.testing.FakeClock``) supplies the backend's notion of
     now; by default the system clock. Fencing tokens come from a counter per instance that
     starts at 1 and advances only on a successful acquire. Work IDs are validated exactly as
-    the PostgreSQL backend validates them. State is copied in and out.
+    the PostgreSQL backend validates them. State is copied in and out. A release or forget
+    wakes the waiting acquires, leaders and pools of this backend at once.
     """
 
     __module__ = "worklease"
 
     def __init__(self, clock: Clock | None = None) -> None:
-        self._store = MemoryStore(clock.now if clock is not None else None)
+        self._hub = AsyncReleaseHub()
+        self._store = MemoryStore(
+            clock.now if clock is not None else None, on_release=self._hub.publish
+        )
 
     async def acquire(self, work_id: str, holder_id: str, ttl: float) -> Token:
         return self._store.acquire(work_id, holder_id, to_seconds(ttl, "ttl"))
@@ -42,6 +49,25 @@ class AsyncMemoryBackend:
     ) -> tuple[Token, Checkpoint]:
         """Acquire and read the new holder's checkpoint in one step (optional method)."""
         return self._store.acquire_with_checkpoint(work_id, holder_id, to_seconds(ttl, "ttl"))
+
+    async def acquire_many(
+        self, work_ids: Sequence[str], holder_id: str, ttl: float
+    ) -> list[tuple[Token, Checkpoint]]:
+        """Acquire every free work ID of ``work_ids`` in one step (optional method)."""
+        return self._store.acquire_many(work_ids, holder_id, to_seconds(ttl, "ttl"))
+
+    async def find_available(self, work_ids: Sequence[str]) -> list[str]:
+        """The work IDs ``acquire`` would grant now, in input order (optional method)."""
+        return self._store.find_available(work_ids)
+
+    async def renew_many(self, tokens: Sequence[Token], ttl: float) -> list[LeaseLostError | None]:
+        """Renew every token in one step (optional method)."""
+        return self._store.renew_many(tokens, to_seconds(ttl, "ttl"))
+
+    def watch_releases(self, work_ids: Iterable[str]) -> AsyncReleaseWatch:
+        """A watch woken when one of ``work_ids`` is released or forgotten through this
+        backend (optional method of the backend protocol)."""
+        return self._hub.watch(work_ids)
 
     async def read_checkpoint(self, token: Token) -> Checkpoint:
         return self._store.read_checkpoint(token)

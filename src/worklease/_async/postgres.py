@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
 from datetime import timedelta
 from types import TracebackType
 from typing import Any
@@ -15,9 +16,17 @@ from .._acompat import ThreadLock
 from .._failures import fenced
 from .._models import Checkpoint, ExitMode, Token
 from .._pg import Statements, check_schema_name, map_error, must_discard, schema_statements
-from .._validation import check_exit_mode, check_work_id, normalize_state, to_seconds
-from ..errors import BackendRequiredError, ConfigError
+from .._validation import (
+    check_exit_mode,
+    check_work_id,
+    distinct_work_ids,
+    normalize_state,
+    to_seconds,
+)
+from ..errors import BackendRequiredError, ConfigError, LeaseLostError
 from .backend import StateLike
+from .listener import AsyncReleaseListener
+from .watch import AsyncReleaseHub, AsyncReleaseWatch
 
 __all__ = ["AsyncPostgresBackend"]
 
@@ -42,11 +51,22 @@ class AsyncPostgresBackend:
     ``statement_timeout`` of one TTL. Driver errors are raised as ``BackendError`` (with
     ``transient`` set for connection loss, restarts, timeouts, serialization failures and pool
     timeouts), chained to the driver's exception.
+
+    Releases and forgets NOTIFY the channel ``worklease_release`` with the work ID. With
+    ``listen`` (the default) the backend LISTENs on one more dedicated connection (built like
+    the renewal pool's, opened at the first waiting acquire, leader or pool), so their waits
+    end the moment a holder in any process releases, instead of at their next poll. A lost
+    connection is replaced with a backoff; when notifications cannot work (LISTEN refused, or
+    a test notification does not come back, as behind a transaction-pooling proxy such as
+    PgBouncer) one warning is logged and waits fall back to polling. ``listen=False`` never
+    listens.
     """
 
     __module__ = "worklease"
 
-    def __init__(self, pool: AsyncConnectionPool[Any], *, schema: str | None = None) -> None:
+    def __init__(
+        self, pool: AsyncConnectionPool[Any], *, schema: str | None = None, listen: bool = True
+    ) -> None:
         if pool is None:
             raise BackendRequiredError("a connection pool is required")
         if not isinstance(pool, AsyncConnectionPool):
@@ -60,10 +80,18 @@ class AsyncPostgresBackend:
         self._renewal_statements: Statements | None = None
         self._lock = ThreadLock()
         self._closed = False
+        self._listen = bool(listen)
+        self._hub = AsyncReleaseHub()
+        self._listener: AsyncReleaseListener | None = None
 
     @classmethod
     def connect(
-        cls, conninfo: str = "", *, schema: str | None = None, **pool_kwargs: Any
+        cls,
+        conninfo: str = "",
+        *,
+        schema: str | None = None,
+        listen: bool = True,
+        **pool_kwargs: Any,
     ) -> AsyncPostgresBackend:
         """A backend that owns a new pool built from ``conninfo`` (libpq settings and the
         standard ``PG*`` environment variables apply). ``pool_kwargs`` go to the pool; the pool
@@ -76,7 +104,7 @@ class AsyncPostgresBackend:
         pool: AsyncConnectionPool[Any] = AsyncConnectionPool(
             conninfo, open=False, kwargs=kwargs, **pool_kwargs
         )
-        backend = cls(pool, schema=schema)
+        backend = cls(pool, schema=schema, listen=listen)
         backend._owns_pool = True
         return backend
 
@@ -105,6 +133,9 @@ class AsyncPostgresBackend:
         self._closed = True
         with self._lock:
             renewal_pool, self._renewal_pool = self._renewal_pool, None
+            listener, self._listener = self._listener, None
+        if listener is not None:
+            await listener.stop()
         if renewal_pool is not None:
             await renewal_pool.close()
         if self._owns_pool:
@@ -271,6 +302,55 @@ class AsyncPostgresBackend:
         token = statements.acquired(rows, work_id, holder_id)
         return token, statements.prior(rows)
 
+    async def acquire_many(
+        self, work_ids: Sequence[str], holder_id: str, ttl: float
+    ) -> list[tuple[Token, Checkpoint]]:
+        """Acquire every free work ID of ``work_ids`` in one statement and return the grants
+        with the new holder's checkpoints, in input order; held ones are left out (optional
+        method of the backend protocol)."""
+        ids = distinct_work_ids(work_ids)
+        statements = self._statements
+        interval = statements.ttl(to_seconds(ttl, "ttl"))
+        if not ids:
+            return []
+        rows, _ = await self._run(
+            "acquire_many",
+            statements.acquire_many,
+            {"work_ids": ids, "holder_id": holder_id, "ttl": interval},
+        )
+        if self._renewal_statements is None and rows:
+            self._learn_schema(rows[0][6])
+        return statements.granted_many(rows, holder_id)
+
+    async def find_available(self, work_ids: Sequence[str]) -> list[str]:
+        """The work IDs of ``work_ids`` that ``acquire`` would grant now, in input order; writes
+        nothing (optional method of the backend protocol)."""
+        ids = distinct_work_ids(work_ids)
+        if not ids:
+            return []
+        rows, _ = await self._run(
+            "find_available", self._statements.find_available, {"work_ids": ids}
+        )
+        return [row[0] for row in rows]
+
+    def watch_releases(self, work_ids: Iterable[str]) -> AsyncReleaseWatch | None:
+        """A watch woken when one of ``work_ids`` is released or forgotten through any backend
+        on this database (optional method of the backend protocol); ``None`` with
+        ``listen=False`` or once closed. The first call starts listening."""
+        if not self._listen:
+            return None
+        with self._lock:
+            if self._closed:
+                return None
+            listener = self._listener
+            start = listener is None
+            if listener is None:
+                listener = self._listener = AsyncReleaseListener(self._pool, self._hub)
+        watch = self._hub.watch(work_ids)
+        if start:
+            listener.start()
+        return watch
+
     async def read_checkpoint(self, token: Token) -> Checkpoint:
         rows, _ = await self._run(
             "read_checkpoint", self._statements.read_checkpoint, {"work_id": token.work_id}
@@ -296,6 +376,27 @@ class AsyncPostgresBackend:
             "renew", statements.renew, params, pool=pool, timeout=max(seconds, 0.001)
         )
         statements.written(rows, token, "renew")
+
+    async def renew_many(self, tokens: Sequence[Token], ttl: float) -> list[LeaseLostError | None]:
+        """Renew every token in one statement on the renewal pool; per token ``None`` or the
+        error ``renew`` would raise (optional method of the backend protocol)."""
+        distinct_work_ids([token.work_id for token in tokens])
+        seconds = to_seconds(ttl, "ttl")
+        if not tokens:
+            return []
+        statements = await self._renewal_target()
+        params: dict[str, Any] = {
+            "work_ids": [token.work_id for token in tokens],
+            "holder_ids": [token.holder_id for token in tokens],
+            "tokens": [token.fencing_token for token in tokens],
+            "ttl": statements.ttl(seconds),
+            "statement_timeout": str(max(int(seconds * 1000), 1)),
+        }
+        pool = await self._ensure_renewal_pool()
+        rows, _ = await self._run(
+            "renew_many", statements.renew_many, params, pool=pool, timeout=max(seconds, 0.001)
+        )
+        return statements.renewed_many(rows, tokens)
 
     async def release(self, token: Token, mode: ExitMode) -> None:
         declared = check_exit_mode(mode)

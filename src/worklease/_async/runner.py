@@ -5,10 +5,12 @@ from __future__ import annotations
 from datetime import timedelta
 
 from .._acompat import acall
+from .._models import Checkpoint, Token
 from .._types import AsyncWorkFn
 from .._validation import positive_seconds
 from .._window import Backoff
 from ..errors import ConfigError, LeaseRequiredError, WorkFnRequiredError
+from .hold import AsyncHold
 from .lease import DEFAULT_CLEANUP_TIMEOUT, DEFAULT_POLL_INTERVAL, AsyncLease
 
 __all__ = ["AsyncRunner"]
@@ -82,7 +84,12 @@ class AsyncRunner:
 
     async def run(self, work_id: str) -> None:
         """Run the work function once under the lease on ``work_id`` (see the class doc)."""
-        async with self._lease.hold(
+        await self._run(work_id, None)
+
+    async def _run(self, work_id: str, granted: tuple[Token, Checkpoint] | None) -> None:
+        """``run``, or with ``granted`` the same cycle on a lease acquired beforehand."""
+        async with AsyncHold(
+            self._lease,
             work_id,
             wait=self._acquire_wait,
             timeout=self._acquire_timeout,
@@ -90,5 +97,6 @@ class AsyncRunner:
             interval=self._renewal_interval,
             backoff=self._renewal_backoff,
             cleanup_timeout=self._cleanup_timeout,
+            granted=granted,
         ) as held:
             held.finish_with(await acall(self._work, held.token, held.prior))

@@ -24,6 +24,7 @@ from ..errors import (
 )
 from .hold import finish
 from .lease import DEFAULT_CLEANUP_TIMEOUT, DEFAULT_POLL_INTERVAL, Lease
+from .watch import ReleaseWatch, open_release_watch
 
 __all__ = ["Leader"]
 
@@ -45,7 +46,9 @@ class Leader:
     Pacing: when somebody else leads, ``run`` waits ``idle_interval`` (plus up to 20 %) and
     raises ``LeaseHeldError`` (with ``acquire_wait=True`` it waits for the lease instead); after
     another acquire error, and after every term that did not end fenced, it waits
-    ``backoff_interval``. Cancellation ends any wait at once; so does ``stop()``.
+    ``backoff_interval``. Cancellation ends any wait at once; so does ``stop()``. When the
+    backend can tell (see ``watch_releases``), a release of the work ID ends the waits for
+    somebody else's lease early, so leadership passes on at once.
     ``run_forever(fn)`` stands for election again after each term or attempt until cancelled
     or stopped; an exception from ``fn`` is logged and ends only that term. A stopped leader
     cannot run again (``RuntimeError``): build a new one.
@@ -99,6 +102,7 @@ class Leader:
         self._on_lost = on_lost
         self._on_relinquished = on_relinquished
         self._stop = Event()
+        self._watch: ReleaseWatch | None = None
 
     @property
     def work_id(self) -> str:
@@ -112,6 +116,9 @@ class Leader:
     def stop(self) -> None:
         """Stop standing for election: waits end at once; a term in progress finishes first."""
         self._stop.set()
+        watch = self._watch  # read after setting the flag: see _pause
+        if watch is not None:
+            watch.close()  # ends a wait on it at once
 
     def run_forever(self, fn: TokenCallback) -> None:
         """Stand for election, term after term, until cancelled or ``stop()``."""
@@ -135,7 +142,7 @@ class Leader:
         if self._stop.is_set():
             raise RuntimeError("this leader was stopped; build a new one to stand again")
 
-    def _acquire(self) -> Token:
+    def _acquire(self, watch: ReleaseWatch | None) -> Token:
         """Acquire, waiting (stop-aware) when ``acquire_wait`` is set."""
         lease = self._lease
         if not self._acquire_wait:
@@ -147,18 +154,24 @@ class Leader:
             except LeaseHeldError as held:
                 if self._stop.is_set():
                     raise
-                self._pause(pacing.next_delay(held.expires_at))
+                self._pause(pacing.next_delay(held.expires_at), watch)
 
     def _term(self, fn: TokenCallback) -> None:
         lease = self._lease
+        # Opened before the attempt, so a release right after it still ends the wait.
+        watch = self._watch = open_release_watch(lease.backend, (self._work_id,))
         try:
-            token = self._acquire()
+            token = self._acquire(watch)
         except LeaseHeldError:
-            self._pause(jittered(self._idle_interval))
+            self._pause(jittered(self._idle_interval), watch)
             raise
         except Exception:
             self._pause(self._backoff_interval)
             raise
+        finally:
+            self._watch = None
+            if watch is not None:
+                watch.close()
         try:
             self._callback(self._on_elected, token)
             renewal = lease.renewal(
@@ -228,8 +241,13 @@ class Leader:
         if error is not None and not isinstance(error, Retire):
             raise error
 
-    def _pause(self, seconds: float) -> None:
-        self._stop.wait(seconds)
+    def _pause(self, seconds: float, watch: ReleaseWatch | None = None) -> None:
+        if watch is None:
+            self._stop.wait(seconds)
+        elif not self._stop.is_set():
+            # stop() sets the flag before closing the watch it finds: either it closes this
+            # one (ending the wait) or the flag is seen here.
+            watch.wait(seconds)
 
     def _callback(self, callback: TokenCallback | None, token: Token) -> None:
         if callback is None:

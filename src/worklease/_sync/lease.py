@@ -120,7 +120,8 @@ class Lease:
         Raises ``LeaseHeldError`` when somebody (this holder included) holds it. With
         ``wait=True``, retries until acquired, waiting the poll interval or until the holder's
         expiry if that comes first (so a crashed holder's work is picked up right after it
-        expires); ``timeout`` (seconds) bounds the wait and ends it with ``TimeoutError``.
+        expires), or until the holder releases when the backend can tell (``watch_releases``);
+        ``timeout`` (seconds) bounds the wait and ends it with ``TimeoutError``.
         An invalid work ID raises ``TypeError``/``ValueError`` before any I/O.
         """
         check_work_id(work_id)
@@ -204,6 +205,59 @@ class Lease:
                 ),
             )
         return token, prior
+
+    def _acquire_available(self, work_ids: list[str]) -> list[tuple[Token, Checkpoint]]:
+        """Acquire whichever of ``work_ids`` are free, with their checkpoints (for pools).
+
+        Asks the backend which are free (``find_available``) and takes those in one step
+        (``acquire_many``) when it can; otherwise tries them one by one. Work IDs somebody
+        holds are left out. Each grant is reported like a single acquire and read.
+        """
+        backend = self._backend
+        find = getattr(backend, "find_available", None)
+        free = list(find(work_ids)) if find is not None else list(work_ids)
+        if not free:
+            return []
+        many = getattr(backend, "acquire_many", None)
+        if many is None:
+            return self._acquire_each(free)
+        start = monotonic()
+        try:
+            raw = many(free, self._holder_id, self._ttl)
+            grants = [(seal_token(token, backend, start, self._ttl), prior) for token, prior in raw]
+        except Exception as exc:
+            duration = monotonic() - start
+            for work_id in free:
+                notify(self._observer.on_acquire, AcquireEvent(work_id, None, duration, exc))
+            raise
+        duration = monotonic() - start
+        for token, prior in grants:
+            notify(self._observer.on_acquire, AcquireEvent(token.work_id, token, duration, None))
+            notify(
+                self._observer.on_read_checkpoint,
+                ReadCheckpointEvent(
+                    token, prior.prev_exit, prior.prev_holder_id, state_size(prior.state), 0.0, None
+                ),
+            )
+        return grants
+
+    def _acquire_each(self, work_ids: list[str]) -> list[tuple[Token, Checkpoint]]:
+        """The one-by-one fallback of ``_acquire_available``: a failure other than a held
+        lease is raised only when nothing was acquired (the grants are not dropped)."""
+        grants: list[tuple[Token, Checkpoint]] = []
+        failure: Exception | None = None
+        for work_id in work_ids:
+            try:
+                token, prior = self._acquire_once(work_id, True)
+                grants.append((token, prior if prior is not None else self.read_checkpoint(token)))
+            except LeaseHeldError:
+                continue
+            except Exception as exc:
+                failure = exc
+                break
+        if failure is not None and not grants:
+            raise failure
+        return grants
 
     # -- reads --------------------------------------------------------------------------------
 

@@ -14,7 +14,7 @@ from .._models import Checkpoint, Token
 from .._pacing import interval, is_permanent, jittered
 from .._types import WorkFn
 from .._validation import check_work_id
-from .._window import Backoff
+from .._window import Backoff, monotonic
 from ..errors import (
     AllSlotsDeadError,
     ConfigError,
@@ -30,6 +30,7 @@ from ..errors import (
 )
 from ..observers import (
     PoolObserver,
+    ScanEvent,
     SlotAcquiredEvent,
     SlotBackoffEvent,
     SlotDeadEvent,
@@ -39,6 +40,7 @@ from ..observers import (
 )
 from .lease import DEFAULT_CLEANUP_TIMEOUT, Lease
 from .runner import Runner
+from .watch import ReleaseHub, ReleaseWatch, open_release_watch
 
 __all__ = ["Pool"]
 
@@ -50,19 +52,27 @@ class Pool:
 
     Start one pool per process over the same work IDs: together they cover the whole set, and
     work moves to the survivors when a process dies (after its leases expire) or releases.
-    Each work ID has a slot that loops: acquire and run the work function like a runner, then
+
+    The pool scans: once per ``idle_interval`` (plus up to 20 %) it asks the backend which of
+    its work IDs that it does not hold are free, in one statement, and acquires those in one
+    more (``find_available`` / ``acquire_many``; a backend without them gets one acquire per
+    work ID); a release of one of its work IDs, when the backend reports releases, starts
+    the next scan at once. Each work ID acquired gets a slot that runs the work function like
+    a runner, then
 
     - it returned → wait ``rerun_interval`` (plus up to 20 %) and run it again;
     - it raised ``Retire`` → the work ID is released RETIRED and the slot stops
       (``on_slot_retired``);
     - the lease was fenced → try to re-acquire at once (``on_slot_lost``);
-    - another holder has it → wait ``idle_interval`` (plus up to 20 %);
+    - another holder has it (on a re-acquire) → the slot ends and the scan looks for it again;
     - a permanent failure (``worklease.permanent(exc)``, or any exception in the chain with a
-      ``permanent()`` method returning true) → the slot stops (``on_slot_dead``);
+      ``permanent()`` method returning true) → the slot stops for good (``on_slot_dead``);
     - any other failure → wait ``backoff_interval`` (``on_slot_backoff``).
 
-    ``run()`` returns when every slot stopped, raising ``AllSlotsDeadError`` if all of them
-    failed permanently. With asyncio, cancelling ``run()`` or calling ``stop()`` ends the pool
+    Each scan is reported to ``on_scan``; a failed scan is logged and retried after
+    ``backoff_interval``. Only work IDs held here have a running slot (with threads, one
+    thread each). ``run()`` returns when stopped or when every work ID retired or died,
+    raising ``AllSlotsDeadError`` if all of them failed permanently. With asyncio, cancelling ``run()`` or calling ``stop()`` ends the pool
     gracefully: every slot running its work function is cancelled and releases ABANDONED
     keeping its last checkpoint (bounded by ``cleanup_timeout``) before ``run`` returns. A
     thread cannot be interrupted: with threads, ``stop()`` wakes waiting slots at once, and a
@@ -113,7 +123,13 @@ class Pool:
         self._dead = 0
         self._running = False
         self._stop = Event()
-        self._workers: list[Worker] = []
+        self._workers: dict[str, Worker] = {}
+        self._claimed: set[str] = set()
+        """Work IDs with a slot running here (holding it, or about to try it again)."""
+        self._done: set[str] = set()
+        """Work IDs retired or dead: never taken again by this run."""
+        self._retiring: set[str] = set()
+        self._watch: ReleaseWatch | None = None
 
     @property
     def work_ids(self) -> tuple[str, ...]:
@@ -132,11 +148,15 @@ class Pool:
     def stop(self) -> None:
         """End the pool gracefully (see the class documentation). Idempotent."""
         self._stop.set()
-        for worker in self._workers:
+        watch = self._watch
+        if watch is not None:
+            watch.close()  # ends the scan's wait at once
+        for worker in self._live_workers():
             cancel_worker(worker)
 
     def run(self) -> None:
-        """Run every slot until all stop; see the class documentation."""
+        """Run the pool until it is stopped or every work ID retired or died (see the class
+        documentation)."""
         with self._lock:
             if self._running:
                 raise RuntimeError("this pool is already running")
@@ -144,68 +164,153 @@ class Pool:
                 raise RuntimeError("this pool was stopped; build a new one to run again")
             self._running = True
             self._dead = 0
+            self._done = set()
+            self._claimed = set()
+        runner = Runner(
+            self._lease,
+            self._adapter,
+            cleanup_timeout=self._cleanup_timeout,
+            renewal_interval=self._renewal_interval,
+            renewal_backoff=self._renewal_backoff,
+        )
         try:
-            self._workers = [
-                spawn(self._slot, work_id, name="worklease-pool:" + work_id)
-                for work_id in self._work_ids
-            ]
             try:
-                join_all(self._workers)
+                self._scan_loop(runner)
+                join_all(self._live_workers())
             except BaseException:
                 self.stop()  # graceful: running slots release before we leave
-                join_all(self._workers, self._cleanup_timeout + 1.0)
+                join_all(self._live_workers(), self._cleanup_timeout + 1.0)
                 raise
         finally:
-            self._workers = []
             with self._lock:
+                self._workers = {}
                 self._running = False
         if self._dead == len(self._work_ids):
             raise AllSlotsDeadError(
                 f"every slot of the pool failed permanently ({len(self._work_ids)} work IDs)"
             )
 
-    # -- one slot -----------------------------------------------------------------------------
+    def _live_workers(self) -> list[Worker]:
+        with self._lock:
+            return list(self._workers.values())
 
-    def _slot(self, work_id: str) -> None:
+    # -- the scan -----------------------------------------------------------------------------
+
+    def _scan_loop(self, runner: Runner) -> None:
+        """Find and take free work IDs until stopped or every work ID is done."""
+        # Without release reports from the backend, a watch on nothing still lets slots and
+        # stop() end the wait.
+        watch = open_release_watch(self._lease.backend, self._work_ids)
+        if watch is None:
+            watch = ReleaseHub().watch(())
+        self._watch = watch
         try:
-            self._slot_loop(work_id)
+            while not self._stop.is_set():
+                with self._lock:
+                    if len(self._done) == len(self._work_ids):
+                        return
+                    candidates = [
+                        work_id
+                        for work_id in self._work_ids
+                        if work_id not in self._claimed and work_id not in self._done
+                    ]
+                delay = jittered(self._idle_interval)
+                if candidates:
+                    try:
+                        self._start_slots(runner, self._scan(candidates))
+                    except Exception as exc:
+                        logger.warning(
+                            "worklease pool scan failed; retrying in %gs: %s",
+                            self._backoff_interval,
+                            exc,
+                        )
+                        delay = self._backoff_interval
+                if self._stop.is_set():
+                    return
+                watch.wait(delay)  # a release of one of ours ends it early
+        finally:
+            self._watch = None
+            watch.close()
+
+    def _scan(self, candidates: list[str]) -> list[tuple[Token, Checkpoint]]:
+        start = monotonic()
+        try:
+            grants = self._lease._acquire_available(candidates)
+        except Exception as exc:
+            event = ScanEvent(len(candidates), (), monotonic() - start, exc)
+            notify(self._observer.on_scan, event)
+            raise
+        acquired = tuple(token.work_id for token, _ in grants)
+        notify(
+            self._observer.on_scan,
+            ScanEvent(len(candidates), acquired, monotonic() - start, None),
+        )
+        return grants
+
+    def _start_slots(self, runner: Runner, grants: list[tuple[Token, Checkpoint]]) -> None:
+        for token, prior in grants:
+            work_id = token.work_id
+            with self._lock:
+                self._claimed.add(work_id)
+                self._workers[work_id] = spawn(
+                    self._slot, runner, work_id, (token, prior), name="worklease-pool:" + work_id
+                )
+
+    # -- one held work ID ---------------------------------------------------------------------
+
+    def _adapter(self, token: Token, prior: Checkpoint) -> bytes | None:
+        work_id = token.work_id
+        notify(self._observer.on_slot_acquired, SlotAcquiredEvent(work_id, token))
+        with self._lock:
+            self._retiring.discard(work_id)
+            self._active.add(work_id)
+        try:
+            result: bytes | None = call(self._work, token, prior)
+            return result
+        except Retire:
+            with self._lock:
+                self._retiring.add(work_id)
+            raise
+        finally:
+            with self._lock:
+                self._active.discard(work_id)
+
+    def _retired_now(self, work_id: str) -> bool:
+        """Whether the run that just ended retired the work ID (it is then done for good)."""
+        with self._lock:
+            if work_id not in self._retiring:
+                return False
+            self._retiring.discard(work_id)
+            self._done.add(work_id)
+            return True
+
+    def _slot(self, runner: Runner, work_id: str, granted: tuple[Token, Checkpoint]) -> None:
+        try:
+            self._slot_loop(runner, work_id, granted)
         except Exception:  # a bug must not take the other slots down silently
             logger.exception("worklease pool slot %r failed unexpectedly", work_id)
-
-    def _slot_loop(self, work_id: str) -> None:
-        retired = False
-
-        def adapter(token: Token, prior: Checkpoint) -> bytes | None:
-            nonlocal retired
-            retired = False
-            notify(self._observer.on_slot_acquired, SlotAcquiredEvent(work_id, token))
+        finally:
             with self._lock:
-                self._active.add(work_id)
-            try:
-                result: bytes | None = call(self._work, token, prior)
-                return result
-            except Retire:
-                retired = True
-                raise
-            finally:
-                with self._lock:
-                    self._active.discard(work_id)
+                self._claimed.discard(work_id)
+                self._workers.pop(work_id, None)
+                watch = self._watch
+            if watch is not None:
+                watch.wake()  # the scan takes the work ID back (or sees everything done)
 
-        runner = Runner(
-            self._lease,
-            adapter,
-            cleanup_timeout=self._cleanup_timeout,
-            renewal_interval=self._renewal_interval,
-            renewal_backoff=self._renewal_backoff,
-        )
+    def _slot_loop(
+        self, runner: Runner, work_id: str, granted: tuple[Token, Checkpoint] | None
+    ) -> None:
+        """Run the work while this process keeps the work ID; give it back to the scan
+        (by returning) when somebody else holds it."""
         observer = self._observer
         while not self._stop.is_set():
             error: Exception | None = None
             try:
-                runner.run(work_id)
+                runner._run(work_id, granted)
             except Exception as exc:
                 error = exc
-            if error is None and retired:
+            granted = None
+            if error is None and self._retired_now(work_id):
                 notify(observer.on_slot_retired, SlotRetiredEvent(work_id))
                 return
             if self._stop.is_set():
@@ -218,9 +323,10 @@ class Pool:
                 notify(observer.on_slot_dead, SlotDeadEvent(work_id, error))
                 with self._lock:
                     self._dead += 1
+                    self._done.add(work_id)
                 return
             elif isinstance(error, LeaseHeldError):
-                self._pause(jittered(self._idle_interval))
+                return  # somebody else has it: the scan looks for it again
             else:
                 delay = self._backoff_interval
                 notify(observer.on_slot_backoff, SlotBackoffEvent(work_id, error, delay))

@@ -8,10 +8,12 @@ from __future__ import annotations
 from datetime import timedelta
 
 from .._acompat import call
+from .._models import Checkpoint, Token
 from .._types import WorkFn
 from .._validation import positive_seconds
 from .._window import Backoff
 from ..errors import ConfigError, LeaseRequiredError, WorkFnRequiredError
+from .hold import Hold
 from .lease import DEFAULT_CLEANUP_TIMEOUT, DEFAULT_POLL_INTERVAL, Lease
 
 __all__ = ["Runner"]
@@ -85,7 +87,12 @@ class Runner:
 
     def run(self, work_id: str) -> None:
         """Run the work function once under the lease on ``work_id`` (see the class doc)."""
-        with self._lease.hold(
+        self._run(work_id, None)
+
+    def _run(self, work_id: str, granted: tuple[Token, Checkpoint] | None) -> None:
+        """``run``, or with ``granted`` the same cycle on a lease acquired beforehand."""
+        with Hold(
+            self._lease,
             work_id,
             wait=self._acquire_wait,
             timeout=self._acquire_timeout,
@@ -93,5 +100,6 @@ class Runner:
             interval=self._renewal_interval,
             backoff=self._renewal_backoff,
             cleanup_timeout=self._cleanup_timeout,
+            granted=granted,
         ) as held:
             held.finish_with(call(self._work, held.token, held.prior))

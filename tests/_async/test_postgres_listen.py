@@ -1,0 +1,249 @@
+"""PostgreSQL release notifications: release and forget NOTIFY, the listener wakes waiters.
+
+Two backends on two pools stand for two processes. Upper time bounds are generous (a few
+seconds against poll intervals of 30 s): they tell a wake-up at the release from one at the
+next poll, not how fast it is.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from collections.abc import AsyncIterator
+from time import monotonic
+from typing import Any
+
+import psycopg
+import pytest
+from psycopg import sql
+from psycopg_pool import AsyncConnectionPool
+
+from tests import pg
+from tests._acompat import asleep, aspawn_all
+from worklease import AsyncLease, AsyncPostgresBackend, ExitMode, FencedError, Token
+
+pytestmark = pytest.mark.postgres
+
+LONG = 30.0
+"""A poll interval no test may sit out."""
+PROMPT = 5.0
+"""Upper bound for a wake-up that should come at the release."""
+SETTLE = 20.0
+"""How long the listener may take to (re)connect in a test."""
+
+_postgres_module = sys.modules[AsyncPostgresBackend.open.__module__]
+Listener: Any = _postgres_module.AsyncReleaseListener
+_listener_module = sys.modules[Listener.__module__]
+
+_LISTENERS = """SELECT pid FROM pg_stat_activity
+WHERE datname = current_database() AND pid <> pg_backend_pid()
+  AND (query LIKE '%worklease-probe:%' OR query LIKE 'LISTEN %')"""
+
+
+def listener_pids(dsn: str) -> set[int]:
+    """The server processes of listener connections on the test database."""
+    return {pid for (pid,) in pg.execute(dsn, _LISTENERS)}
+
+
+async def open_backend(dsn: str, **options: Any) -> AsyncPostgresBackend:
+    pool: AsyncConnectionPool[Any] = AsyncConnectionPool(dsn, min_size=1, max_size=4, open=False)
+    await pool.open()
+    return AsyncPostgresBackend(pool, **options)
+
+
+async def close_backend(backend: AsyncPostgresBackend) -> None:
+    await backend.close()
+    await backend.pool.close()
+
+
+@pytest.fixture
+async def two(
+    postgres_dsn: str,
+) -> AsyncIterator[tuple[AsyncPostgresBackend, AsyncPostgresBackend]]:
+    """Two backends on two pools: the releasing "process" and the waiting one."""
+    pg.reset(postgres_dsn)
+    first = await open_backend(postgres_dsn)
+    second = await open_backend(postgres_dsn)
+    try:
+        yield first, second
+    finally:
+        await close_backend(first)
+        await close_backend(second)
+
+
+async def until_delivered(releaser: AsyncPostgresBackend, watcher: AsyncPostgresBackend) -> None:
+    """Release through ``releaser`` until ``watcher`` sees it: its listener is listening."""
+    lease = AsyncLease(releaser, holder_id="warm-up", ttl=LONG)
+    deadline = monotonic() + SETTLE
+    watch = watcher.watch_releases(["warm-up"])
+    assert watch is not None
+    with watch:
+        while True:
+            await lease.release(await lease.acquire("warm-up"), ExitMode.FINISHED)
+            if await watch.wait(0.5):
+                return
+            assert monotonic() < deadline, "the listener never delivered a release"
+
+
+async def handed_over(
+    holder_backend: AsyncPostgresBackend, waiter_backend: AsyncPostgresBackend, how: str
+) -> tuple[Token, float]:
+    """A waiter (poll interval LONG) acquires while the holder lets go after 0.3 s; the
+    waiter's token and how long after the release it got the lease."""
+    holder = AsyncLease(holder_backend, holder_id="holder", ttl=LONG)
+    waiter = AsyncLease(waiter_backend, holder_id="waiter", ttl=LONG)
+    token = await holder.acquire("handoff")
+    released: list[float] = []
+    got: list[tuple[Token, float]] = []
+
+    async def step(index: int) -> None:
+        if index == 0:
+            acquired = await waiter.acquire(
+                "handoff", wait=True, timeout=LONG * 2, poll_interval=LONG
+            )
+            got.append((acquired, monotonic()))
+        else:
+            await asleep(0.3)
+            if how == "release":
+                await holder.release(token, ExitMode.FINISHED)
+            else:
+                await holder.forget(token)
+            released.append(monotonic())
+
+    assert await aspawn_all(step, 2) == [None, None]
+    ((acquired, at),) = got
+    return acquired, at - released[0]
+
+
+async def test_release_and_forget_notify_only_when_they_happen(
+    two: tuple[AsyncPostgresBackend, AsyncPostgresBackend], postgres_dsn: str
+) -> None:
+    backend, _ = two
+    lease = AsyncLease(backend, holder_id="a", ttl=LONG)
+    with psycopg.connect(postgres_dsn, autocommit=True) as listener:
+        listener.execute("LISTEN worklease_release")
+        stale = await lease.acquire("notified")
+        await lease.release(stale, ExitMode.FINISHED)
+        token = await lease.acquire("notified")
+        with pytest.raises(FencedError):
+            await backend.release(stale, ExitMode.FINISHED)
+        with pytest.raises(FencedError):
+            await backend.forget(stale)
+        await lease.forget(token)
+        payloads = [n.payload for n in listener.notifies(timeout=1.0) if n.payload == "notified"]
+    assert payloads == ["notified", "notified"]  # the release, then the forget
+
+
+@pytest.mark.parametrize("how", ["release", "forget"])
+async def test_a_waiter_on_another_backend_wakes_at_the_release(
+    two: tuple[AsyncPostgresBackend, AsyncPostgresBackend], how: str
+) -> None:
+    first, second = two
+    await until_delivered(first, second)
+    token, after = await handed_over(first, second, how)
+    assert token.holder_id == "waiter"
+    assert after < PROMPT  # not the 30 s poll interval
+
+
+async def test_the_listener_reconnects_after_losing_its_connection(
+    two: tuple[AsyncPostgresBackend, AsyncPostgresBackend], postgres_dsn: str
+) -> None:
+    first, second = two
+    await until_delivered(first, second)
+    before = listener_pids(postgres_dsn)
+    assert before
+    pg.execute(postgres_dsn, f"SELECT pg_terminate_backend(pid) FROM ({_LISTENERS}) AS l")
+    await until_delivered(first, second)
+    assert not listener_pids(postgres_dsn) & before  # new connections
+    token, after = await handed_over(first, second, "release")
+    assert token.holder_id == "waiter"
+    assert after < PROMPT
+
+
+async def test_close_stops_listening(postgres_dsn: str) -> None:
+    pg.reset(postgres_dsn)
+    first = await open_backend(postgres_dsn)
+    second = await open_backend(postgres_dsn)
+    try:
+        await until_delivered(first, second)
+        assert listener_pids(postgres_dsn)
+        await second.close()
+        assert second.watch_releases(["x"]) is None
+        deadline = monotonic() + SETTLE
+        while listener_pids(postgres_dsn):
+            assert monotonic() < deadline, "the listener connection outlived close()"
+            await asleep(0.05)
+    finally:
+        await close_backend(first)
+        await close_backend(second)
+
+
+async def test_listen_false_polls(postgres_dsn: str) -> None:
+    pg.reset(postgres_dsn)
+    first = await open_backend(postgres_dsn)
+    second = await open_backend(postgres_dsn, listen=False)
+    owned = AsyncPostgresBackend.connect(postgres_dsn, listen=False)
+    try:
+        assert second.watch_releases(["x"]) is None
+        assert owned.watch_releases(["x"]) is None
+        holder = AsyncLease(first, holder_id="holder", ttl=LONG)
+        waiter = AsyncLease(second, holder_id="waiter", ttl=LONG)
+        token = await holder.acquire("polled")
+        await holder.release(token, ExitMode.FINISHED)
+        assert (await waiter.acquire("polled", wait=True, timeout=LONG)).holder_id == "waiter"
+        assert not listener_pids(postgres_dsn)
+    finally:
+        await owned.close()
+        await close_backend(first)
+        await close_backend(second)
+
+
+async def no_probe(self: Any, conn: Any, payload: str) -> None:
+    """A probe that is never sent: as if the notification got lost behind a proxy."""
+
+
+@pytest.mark.parametrize("failure", ["probe lost", "listen refused"])
+async def test_without_notifications_one_warning_and_polling(
+    postgres_dsn: str,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+    failure: str,
+) -> None:
+    if failure == "probe lost":
+        monkeypatch.setattr(Listener, "_send_probe", no_probe)
+        monkeypatch.setattr(Listener, "probe_timeout", 0.3)
+    else:
+        monkeypatch.setattr(_listener_module, "_LISTEN", sql.SQL("LISTEN"))  # a syntax error
+    pg.reset(postgres_dsn)
+    first = await open_backend(postgres_dsn)
+    second = await open_backend(postgres_dsn)
+    try:
+        with caplog.at_level(logging.WARNING, logger="worklease"):
+
+            def warnings() -> list[logging.LogRecord]:
+                return [r for r in caplog.records if "fall back to polling" in r.getMessage()]
+
+            holder = AsyncLease(first, holder_id="holder", ttl=LONG)
+            waiter = AsyncLease(second, holder_id="waiter", ttl=LONG)
+            watch = second.watch_releases(["polled"])
+            assert watch is not None
+            deadline = monotonic() + SETTLE
+            while not warnings():
+                assert monotonic() < deadline, "no fallback warning"
+                await asleep(0.05)
+            token = await holder.acquire("polled")
+            await holder.release(token, ExitMode.FINISHED)
+            assert await watch.wait(0.5) is False  # nobody listens
+            watch.close()
+            token = await waiter.acquire("polled", wait=True, timeout=LONG, poll_interval=0.1)
+            await waiter.release(token, ExitMode.FINISHED)  # a release nobody hears
+            await asleep(0.5)
+            assert len(warnings()) == 1
+        assert warnings()[0].levelno == logging.WARNING
+        deadline = monotonic() + SETTLE
+        while listener_pids(postgres_dsn):  # it gave its connection back
+            assert monotonic() < deadline, "the listener kept its connection"
+            await asleep(0.05)
+    finally:
+        await close_backend(first)
+        await close_backend(second)

@@ -1,0 +1,250 @@
+# Generated from tests/_async/test_postgres_listen.py by scripts/unasync.py -- do not edit.
+# Change the async source and run "python scripts/unasync.py".
+
+"""PostgreSQL release notifications: release and forget NOTIFY, the listener wakes waiters.
+
+Two backends on two pools stand for two processes. Upper time bounds are generous (a few
+seconds against poll intervals of 30 s): they tell a wake-up at the release from one at the
+next poll, not how fast it is.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from collections.abc import Iterator
+from time import monotonic
+from typing import Any
+
+import psycopg
+import pytest
+from psycopg import sql
+from psycopg_pool import ConnectionPool
+
+from tests import pg
+from tests._acompat import sleep, spawn_all
+from worklease import ExitMode, FencedError, Lease, PostgresBackend, Token
+
+pytestmark = pytest.mark.postgres
+
+LONG = 30.0
+"""A poll interval no test may sit out."""
+PROMPT = 5.0
+"""Upper bound for a wake-up that should come at the release."""
+SETTLE = 20.0
+"""How long the listener may take to (re)connect in a test."""
+
+_postgres_module = sys.modules[PostgresBackend.open.__module__]
+Listener: Any = _postgres_module.ReleaseListener
+_listener_module = sys.modules[Listener.__module__]
+
+_LISTENERS = """SELECT pid FROM pg_stat_activity
+WHERE datname = current_database() AND pid <> pg_backend_pid()
+  AND (query LIKE '%worklease-probe:%' OR query LIKE 'LISTEN %')"""
+
+
+def listener_pids(dsn: str) -> set[int]:
+    """The server processes of listener connections on the test database."""
+    return {pid for (pid,) in pg.execute(dsn, _LISTENERS)}
+
+
+def open_backend(dsn: str, **options: Any) -> PostgresBackend:
+    pool: ConnectionPool[Any] = ConnectionPool(dsn, min_size=1, max_size=4, open=False)
+    pool.open()
+    return PostgresBackend(pool, **options)
+
+
+def close_backend(backend: PostgresBackend) -> None:
+    backend.close()
+    backend.pool.close()
+
+
+@pytest.fixture
+def two(
+    postgres_dsn: str,
+) -> Iterator[tuple[PostgresBackend, PostgresBackend]]:
+    """Two backends on two pools: the releasing "process" and the waiting one."""
+    pg.reset(postgres_dsn)
+    first = open_backend(postgres_dsn)
+    second = open_backend(postgres_dsn)
+    try:
+        yield first, second
+    finally:
+        close_backend(first)
+        close_backend(second)
+
+
+def until_delivered(releaser: PostgresBackend, watcher: PostgresBackend) -> None:
+    """Release through ``releaser`` until ``watcher`` sees it: its listener is listening."""
+    lease = Lease(releaser, holder_id="warm-up", ttl=LONG)
+    deadline = monotonic() + SETTLE
+    watch = watcher.watch_releases(["warm-up"])
+    assert watch is not None
+    with watch:
+        while True:
+            lease.release(lease.acquire("warm-up"), ExitMode.FINISHED)
+            if watch.wait(0.5):
+                return
+            assert monotonic() < deadline, "the listener never delivered a release"
+
+
+def handed_over(
+    holder_backend: PostgresBackend, waiter_backend: PostgresBackend, how: str
+) -> tuple[Token, float]:
+    """A waiter (poll interval LONG) acquires while the holder lets go after 0.3 s; the
+    waiter's token and how long after the release it got the lease."""
+    holder = Lease(holder_backend, holder_id="holder", ttl=LONG)
+    waiter = Lease(waiter_backend, holder_id="waiter", ttl=LONG)
+    token = holder.acquire("handoff")
+    released: list[float] = []
+    got: list[tuple[Token, float]] = []
+
+    def step(index: int) -> None:
+        if index == 0:
+            acquired = waiter.acquire("handoff", wait=True, timeout=LONG * 2, poll_interval=LONG)
+            got.append((acquired, monotonic()))
+        else:
+            sleep(0.3)
+            if how == "release":
+                holder.release(token, ExitMode.FINISHED)
+            else:
+                holder.forget(token)
+            released.append(monotonic())
+
+    assert spawn_all(step, 2) == [None, None]
+    ((acquired, at),) = got
+    return acquired, at - released[0]
+
+
+def test_release_and_forget_notify_only_when_they_happen(
+    two: tuple[PostgresBackend, PostgresBackend], postgres_dsn: str
+) -> None:
+    backend, _ = two
+    lease = Lease(backend, holder_id="a", ttl=LONG)
+    with psycopg.connect(postgres_dsn, autocommit=True) as listener:
+        listener.execute("LISTEN worklease_release")
+        stale = lease.acquire("notified")
+        lease.release(stale, ExitMode.FINISHED)
+        token = lease.acquire("notified")
+        with pytest.raises(FencedError):
+            backend.release(stale, ExitMode.FINISHED)
+        with pytest.raises(FencedError):
+            backend.forget(stale)
+        lease.forget(token)
+        payloads = [n.payload for n in listener.notifies(timeout=1.0) if n.payload == "notified"]
+    assert payloads == ["notified", "notified"]  # the release, then the forget
+
+
+@pytest.mark.parametrize("how", ["release", "forget"])
+def test_a_waiter_on_another_backend_wakes_at_the_release(
+    two: tuple[PostgresBackend, PostgresBackend], how: str
+) -> None:
+    first, second = two
+    until_delivered(first, second)
+    token, after = handed_over(first, second, how)
+    assert token.holder_id == "waiter"
+    assert after < PROMPT  # not the 30 s poll interval
+
+
+def test_the_listener_reconnects_after_losing_its_connection(
+    two: tuple[PostgresBackend, PostgresBackend], postgres_dsn: str
+) -> None:
+    first, second = two
+    until_delivered(first, second)
+    before = listener_pids(postgres_dsn)
+    assert before
+    pg.execute(postgres_dsn, f"SELECT pg_terminate_backend(pid) FROM ({_LISTENERS}) AS l")
+    until_delivered(first, second)
+    assert not listener_pids(postgres_dsn) & before  # new connections
+    token, after = handed_over(first, second, "release")
+    assert token.holder_id == "waiter"
+    assert after < PROMPT
+
+
+def test_close_stops_listening(postgres_dsn: str) -> None:
+    pg.reset(postgres_dsn)
+    first = open_backend(postgres_dsn)
+    second = open_backend(postgres_dsn)
+    try:
+        until_delivered(first, second)
+        assert listener_pids(postgres_dsn)
+        second.close()
+        assert second.watch_releases(["x"]) is None
+        deadline = monotonic() + SETTLE
+        while listener_pids(postgres_dsn):
+            assert monotonic() < deadline, "the listener connection outlived close()"
+            sleep(0.05)
+    finally:
+        close_backend(first)
+        close_backend(second)
+
+
+def test_listen_false_polls(postgres_dsn: str) -> None:
+    pg.reset(postgres_dsn)
+    first = open_backend(postgres_dsn)
+    second = open_backend(postgres_dsn, listen=False)
+    owned = PostgresBackend.connect(postgres_dsn, listen=False)
+    try:
+        assert second.watch_releases(["x"]) is None
+        assert owned.watch_releases(["x"]) is None
+        holder = Lease(first, holder_id="holder", ttl=LONG)
+        waiter = Lease(second, holder_id="waiter", ttl=LONG)
+        token = holder.acquire("polled")
+        holder.release(token, ExitMode.FINISHED)
+        assert (waiter.acquire("polled", wait=True, timeout=LONG)).holder_id == "waiter"
+        assert not listener_pids(postgres_dsn)
+    finally:
+        owned.close()
+        close_backend(first)
+        close_backend(second)
+
+
+def no_probe(self: Any, conn: Any, payload: str) -> None:
+    """A probe that is never sent: as if the notification got lost behind a proxy."""
+
+
+@pytest.mark.parametrize("failure", ["probe lost", "listen refused"])
+def test_without_notifications_one_warning_and_polling(
+    postgres_dsn: str,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+    failure: str,
+) -> None:
+    if failure == "probe lost":
+        monkeypatch.setattr(Listener, "_send_probe", no_probe)
+        monkeypatch.setattr(Listener, "probe_timeout", 0.3)
+    else:
+        monkeypatch.setattr(_listener_module, "_LISTEN", sql.SQL("LISTEN"))  # a syntax error
+    pg.reset(postgres_dsn)
+    first = open_backend(postgres_dsn)
+    second = open_backend(postgres_dsn)
+    try:
+        with caplog.at_level(logging.WARNING, logger="worklease"):
+
+            def warnings() -> list[logging.LogRecord]:
+                return [r for r in caplog.records if "fall back to polling" in r.getMessage()]
+
+            holder = Lease(first, holder_id="holder", ttl=LONG)
+            waiter = Lease(second, holder_id="waiter", ttl=LONG)
+            watch = second.watch_releases(["polled"])
+            assert watch is not None
+            deadline = monotonic() + SETTLE
+            while not warnings():
+                assert monotonic() < deadline, "no fallback warning"
+                sleep(0.05)
+            token = holder.acquire("polled")
+            holder.release(token, ExitMode.FINISHED)
+            assert watch.wait(0.5) is False  # nobody listens
+            watch.close()
+            token = waiter.acquire("polled", wait=True, timeout=LONG, poll_interval=0.1)
+            waiter.release(token, ExitMode.FINISHED)  # a release nobody hears
+            sleep(0.5)
+            assert len(warnings()) == 1
+        assert warnings()[0].levelno == logging.WARNING
+        deadline = monotonic() + SETTLE
+        while listener_pids(postgres_dsn):  # it gave its connection back
+            assert monotonic() < deadline, "the listener kept its connection"
+            sleep(0.05)
+    finally:
+        close_backend(first)
+        close_backend(second)
