@@ -55,7 +55,12 @@ def tests(session: nox.Session) -> None:
 
 @nox.session(python=GEN_PYTHON)
 def bench(session: nox.Session) -> None:
-    """Lease operations vs the raw PostgreSQL floor -> benchmarks/results/ (not a default
-    session). Arguments go to the script: nox -s bench -- --iterations 500 --dsn DSN."""
+    """Lease operations vs the raw PostgreSQL floor, then handoff latency ->
+    benchmarks/results/ (not a default session). Arguments go to bench_ops.py:
+    nox -s bench -- --iterations 500 --dsn DSN."""
     session.install("-e", ".[bench,test]")
     session.run("python", "benchmarks/bench_ops.py", *session.posargs)
+    dsn = [arg for arg in session.posargs if arg.startswith("--dsn")]
+    if "--dsn" in dsn:
+        dsn.append(session.posargs[session.posargs.index("--dsn") + 1])
+    session.run("python", "benchmarks/bench_handoff.py", *dsn)

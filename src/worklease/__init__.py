@@ -76,8 +76,8 @@ from .observers import PoolObserver as PoolObserver
 from .observers import ReadCheckpointEvent as ReadCheckpointEvent
 from .observers import ReleaseEvent as ReleaseEvent
 from .observers import RenewEvent as RenewEvent
-from .observers import SlotAcquiredEvent as SlotAcquiredEvent
 from .observers import ScanEvent as ScanEvent
+from .observers import SlotAcquiredEvent as SlotAcquiredEvent
 from .observers import SlotBackoffEvent as SlotBackoffEvent
 from .observers import SlotDeadEvent as SlotDeadEvent
 from .observers import SlotLostEvent as SlotLostEvent

@@ -60,9 +60,11 @@ class WaitPacing:
 
     The earlier of the poll interval and the holder's expiry (plus a few milliseconds), so a
     crashed holder's work is picked up right after it expires. The expiry is the backend's
-    clock read through ours: if waking at it finds the same expiry still in force (clock
-    offset, or a holder that renewed exactly then), the next wait is the full poll interval,
-    so a skewed clock can never turn the wait into a busy loop.
+    clock read through ours: if a wait that lasted until it finds the same expiry still in
+    force (clock offset, or a holder that renewed exactly then), the next wait is the full
+    poll interval, so a skewed clock can never turn the wait into a busy loop. A wait cut
+    short before the expiry (a release notification for the work ID, which somebody else
+    then took first) waits for the expiry again.
     """
 
     MARGIN = 0.005
@@ -72,9 +74,12 @@ class WaitPacing:
         self._last: datetime | None = None
 
     def next_delay(self, expires_at: datetime | None) -> float:
-        if expires_at is None or expires_at == self._last:
-            self._last = expires_at
+        if expires_at is None:
+            self._last = None
+            return self._poll
+        now = datetime.now(UTC)
+        if expires_at == self._last and now >= expires_at:
             return self._poll
         self._last = expires_at
-        until = (expires_at - datetime.now(UTC)).total_seconds() + self.MARGIN
+        until = (expires_at - now).total_seconds() + self.MARGIN
         return min(self._poll, max(until, self.MARGIN))

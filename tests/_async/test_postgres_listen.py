@@ -247,3 +247,36 @@ async def test_without_notifications_one_warning_and_polling(
     finally:
         await close_backend(first)
         await close_backend(second)
+
+
+async def test_watches_opened_before_the_listener_listens_are_woken_once_it_does(
+    postgres_dsn: str,
+) -> None:
+    """A release between opening a watch and the listener's LISTEN would go unseen: once
+    listening, the listener wakes every watch so each waiter looks again (no release here)."""
+    pg.reset(postgres_dsn)
+    backend = await open_backend(postgres_dsn)
+    try:
+        watch = backend.watch_releases(["nobody-releases-this"])
+        assert watch is not None
+        with watch:
+            started = monotonic()
+            assert await watch.wait(SETTLE)
+            assert monotonic() - started < SETTLE
+    finally:
+        await close_backend(backend)
+
+
+async def test_a_waiter_woken_before_the_expiry_still_takes_over_at_the_expiry(
+    two: tuple[AsyncPostgresBackend, AsyncPostgresBackend],
+) -> None:
+    """An early wake-up that finds the same holder (here: the listener's start) must not
+    push the next attempt to the poll interval: the waiter still takes over at the expiry."""
+    first, second = two
+    await AsyncLease(first, holder_id="crashed", ttl=1.0).acquire("job")
+    started = monotonic()
+    token = await AsyncLease(second, holder_id="successor", ttl=LONG).acquire(
+        "job", wait=True, poll_interval=LONG, timeout=LONG
+    )
+    assert token.holder_id == "successor"
+    assert monotonic() - started < PROMPT  # the expiry (1 s), not the poll interval (30 s)

@@ -148,7 +148,11 @@ def test_wait_pacing_wakes_at_the_expiry_then_polls() -> None:
     soon = datetime.now(UTC) + timedelta(seconds=0.5)
     first = pacing.next_delay(soon)
     assert 0.4 < first <= 0.51
-    assert pacing.next_delay(soon) == 2.0  # same expiry still in force: poll, never spin
+    # Woken early (a release notification somebody else won): wait for the expiry again.
+    assert 0.3 < pacing.next_delay(soon) <= 0.51
+    expired = datetime.now(UTC) - timedelta(milliseconds=1)
+    assert pacing.next_delay(expired) == WaitPacing.MARGIN
+    assert pacing.next_delay(expired) == 2.0  # same expiry still in force: poll, never spin
     later = datetime.now(UTC) + timedelta(seconds=10)
     assert pacing.next_delay(later) == 2.0  # the poll interval comes first
     assert pacing.next_delay(None) == 2.0  # holder unknown

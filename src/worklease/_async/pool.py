@@ -69,10 +69,12 @@ class AsyncPool:
     Each scan is reported to ``on_scan``; a failed scan is logged and retried after
     ``backoff_interval``. Only work IDs held here have a running slot (with threads, one
     thread each). ``run()`` returns when stopped or when every work ID retired or died,
-    raising ``AllSlotsDeadError`` if all of them failed permanently. With asyncio, cancelling ``run()`` or calling ``stop()`` ends the pool
-    gracefully: every slot running its work function is cancelled and releases ABANDONED
-    keeping its last checkpoint (bounded by ``cleanup_timeout``) before ``run`` returns. A
-    thread cannot be interrupted: with threads, ``stop()`` wakes waiting slots at once, and a
+    raising ``AllSlotsDeadError`` if all of them failed permanently.
+
+    With asyncio, cancelling ``run()`` or calling ``stop()`` ends the pool gracefully: every
+    slot running its work function is cancelled and releases ABANDONED keeping its last
+    checkpoint (bounded by ``cleanup_timeout``) before ``run`` returns. A thread cannot be
+    interrupted: with threads, ``stop()`` wakes waiting slots at once, and a
     running work function finishes first, its slot then releasing as usual (FINISHED with the
     state it returned, ABANDONED if it raised); work functions may poll ``pool.stopping`` to end
     early. On ``KeyboardInterrupt`` the sync ``run()`` stops the pool, waits up to

@@ -234,13 +234,18 @@ class AsyncRenewer:
         self._worker: AWorker | None = None
         self._in_flight: set[AsyncRenewal] = set()
         self._abandon = AEvent()
+        self._wakes_at = 0.0
+        """When the waiting worker wakes next (monotonic); 0 while it is busy."""
 
     def add(self, renewal: AsyncRenewal) -> None:
         with self._lock:
             self._members[renewal] = None
             if self._worker is None:
                 self._wake = AEvent()
+                self._wakes_at = 0.0
                 self._worker = aspawn(self._run, name="worklease-renewals")
+            elif renewal._due >= self._wakes_at:
+                return  # the worker wakes before this one is due anyway
             wake = self._wake
         wake.set()
 
@@ -254,7 +259,9 @@ class AsyncRenewer:
                 self._in_flight.discard(renewal)
                 if not self._in_flight:
                     self._abandon.set()  # nobody wants the answer: let the call go
-        wake.set()
+            if self._members or ARENEWER_LINGER:
+                return  # the worker finds out when it next wakes
+        wake.set()  # nothing left: a worker that ends at once should not wait for a due
 
     async def _run(self) -> None:
         try:
@@ -276,6 +283,8 @@ class AsyncRenewer:
         with self._lock:
             members = list(self._members)
         if not members:
+            with self._lock:
+                self._wakes_at = monotonic() + ARENEWER_LINGER
             if await wake.wait_timeout(ARENEWER_LINGER):
                 return True
             with self._lock:
@@ -287,7 +296,12 @@ class AsyncRenewer:
         now = monotonic()
         due = [renewal for renewal in members if renewal._due <= now]
         if not due:
-            await wake.wait_timeout(min(renewal._due for renewal in members) - now)
+            wakes_at = min(renewal._due for renewal in members)
+            with self._lock:
+                self._wakes_at = wakes_at
+            await wake.wait_timeout(wakes_at - now)
+            with self._lock:
+                self._wakes_at = 0.0  # awake: whatever is added gets looked at
             return True
         # Renewals more than half way to their next attempt join this one: renewing a little
         # early costs nothing, and it brings every renewal into the same round.

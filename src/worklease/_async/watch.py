@@ -70,6 +70,14 @@ class AsyncReleaseHub:
         for watch in woken:
             watch._wake(released=True)
 
+    def wake_all(self) -> None:
+        """Wake every watch: releases may have gone unseen (a listener that just started or
+        reconnected), so every waiter should look again."""
+        with self._lock:
+            woken = {watch for watchers in self._watches.values() for watch in watchers}
+        for watch in woken:
+            watch._wake(released=True)
+
     def watched(self) -> int:
         """How many distinct work IDs are watched right now."""
         with self._lock:

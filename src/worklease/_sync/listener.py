@@ -146,6 +146,10 @@ class ReleaseListener:
                 )
                 return False
             self._proven = self._connected = self._listening = True
+            # Listening (since the LISTEN; the probe proved delivery). A release before the
+            # LISTEN (since the first watch was opened, or while disconnected) went unseen:
+            # every waiter looks again once.
+            self._hub.wake_all()
             try:
                 while not self._stop.is_set():
                     for note in conn.notifies(timeout=self.tick if _IS_SYNC else None):

@@ -237,13 +237,18 @@ class Renewer:
         self._worker: Worker | None = None
         self._in_flight: set[Renewal] = set()
         self._abandon = Event()
+        self._wakes_at = 0.0
+        """When the waiting worker wakes next (monotonic); 0 while it is busy."""
 
     def add(self, renewal: Renewal) -> None:
         with self._lock:
             self._members[renewal] = None
             if self._worker is None:
                 self._wake = Event()
+                self._wakes_at = 0.0
                 self._worker = spawn(self._run, name="worklease-renewals")
+            elif renewal._due >= self._wakes_at:
+                return  # the worker wakes before this one is due anyway
             wake = self._wake
         wake.set()
 
@@ -257,7 +262,9 @@ class Renewer:
                 self._in_flight.discard(renewal)
                 if not self._in_flight:
                     self._abandon.set()  # nobody wants the answer: let the call go
-        wake.set()
+            if self._members or RENEWER_LINGER:
+                return  # the worker finds out when it next wakes
+        wake.set()  # nothing left: a worker that ends at once should not wait for a due
 
     def _run(self) -> None:
         try:
@@ -279,6 +286,8 @@ class Renewer:
         with self._lock:
             members = list(self._members)
         if not members:
+            with self._lock:
+                self._wakes_at = monotonic() + RENEWER_LINGER
             if wake.wait(RENEWER_LINGER):
                 return True
             with self._lock:
@@ -290,7 +299,12 @@ class Renewer:
         now = monotonic()
         due = [renewal for renewal in members if renewal._due <= now]
         if not due:
-            wake.wait(min(renewal._due for renewal in members) - now)
+            wakes_at = min(renewal._due for renewal in members)
+            with self._lock:
+                self._wakes_at = wakes_at
+            wake.wait(wakes_at - now)
+            with self._lock:
+                self._wakes_at = 0.0  # awake: whatever is added gets looked at
             return True
         # Renewals more than half way to their next attempt join this one: renewing a little
         # early costs nothing, and it brings every renewal into the same round.
