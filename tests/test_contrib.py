@@ -371,6 +371,7 @@ POOL_OPERATIONS = {
     ("read_checkpoint", "ok"): 2,
     ("checkpoint", "ok"): 1,  # the retiring slot's final state
     ("release", "ok"): 2,  # RETIRED and ABANDONED
+    ("scan", "ok"): 1,  # one scan found both work IDs free; then every work ID was done
 }
 
 
@@ -739,10 +740,14 @@ def test_logging_pool(caplog: pytest.LogCaptureFixture) -> None:
     )
     assert slots == [
         ("ERROR", "pool.slot_dead", "broken"),
+        ("INFO", "pool.scan", None),
         ("INFO", "pool.slot_acquired", "broken"),
         ("INFO", "pool.slot_acquired", "retire-me"),
         ("INFO", "pool.slot_retired", "retire-me"),
     ]
+    scan = next(r for r in caplog.records if ex(r)["worklease_operation"] == "pool.scan")
+    assert ex(scan)["worklease_candidates"] == 2
+    assert sorted(ex(scan)["worklease_acquired"]) == ["broken", "retire-me"]
     events = [r for r in caplog.records if r.name == "worklease.events"]
     dead = next(r for r in events if ex(r)["worklease_operation"] == "pool.slot_dead")
     assert ex(dead)["worklease_error_type"] == "PermanentError"

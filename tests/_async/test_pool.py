@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from time import monotonic
 from typing import Any
 
@@ -675,3 +675,138 @@ async def test_run_is_not_reentrant(lease: AsyncLease, slots: Slots) -> None:
     assert await drive(pool) is None
     assert len(errors) == 1
     assert slots.kinds() == ["acquired", "retired"]
+
+
+# -- the scan -----------------------------------------------------------------------------------
+
+
+class CountingMemory(AsyncMemoryBackend):
+    """Counts the calls a pool makes: scans, batched acquires and single acquires."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: list[tuple[str, int]] = []
+
+    async def find_available(self, work_ids: Sequence[str]) -> list[str]:
+        self.calls.append(("find_available", len(work_ids)))
+        return await super().find_available(work_ids)
+
+    async def acquire_many(
+        self, work_ids: Sequence[str], holder_id: str, ttl: float
+    ) -> list[tuple[Token, Checkpoint]]:
+        self.calls.append(("acquire_many", len(work_ids)))
+        return await super().acquire_many(work_ids, holder_id, ttl)
+
+    async def acquire(self, work_id: str, holder_id: str, ttl: float) -> Token:
+        self.calls.append(("acquire", 1))
+        return await super().acquire(work_id, holder_id, ttl)
+
+    async def acquire_with_checkpoint(
+        self, work_id: str, holder_id: str, ttl: float
+    ) -> tuple[Token, Checkpoint]:
+        self.calls.append(("acquire", 1))
+        return await super().acquire_with_checkpoint(work_id, holder_id, ttl)
+
+
+class WithoutBatches(CountingMemory):
+    """A backend without the optional scan and batch methods (as a third-party one may be)."""
+
+    find_available = None  # type: ignore[assignment]
+    acquire_many = None  # type: ignore[assignment]
+    watch_releases = None  # type: ignore[assignment]
+
+
+async def test_scan_takes_every_free_work_id_in_one_batch() -> None:
+    """One scan statement for the unheld work IDs, one batched acquire of the free ones; held
+    work IDs are never tried; a release elsewhere is picked up by a later scan."""
+    backend = CountingMemory()
+    rival = AsyncLease(backend, holder_id="rival", ttl=TTL)
+    held = [await rival.acquire(f"w{i}") for i in range(5)]
+    backend.calls.clear()
+    ids = [f"w{i}" for i in range(50)]
+    lease = AsyncLease(backend, holder_id=HOLDER, ttl=TTL)
+    scans = Scans()
+
+    async def work(token: Token, prior: Checkpoint) -> bytes | None:
+        await spin_until_stopped(pool)
+        return None
+
+    pool = AsyncPool(lease, ids, work, observer=scans, idle_interval=0.05, rerun_interval=LONG)
+
+    def all_mine() -> bool:
+        return pool.active_slots() == frozenset(ids)
+
+    async def rival_steps_down() -> None:
+        deadline = monotonic() + LIMIT
+        while len(pool.active_slots()) < 45 and monotonic() < deadline:
+            await asleep(0.01)
+        for token in held:
+            await rival.release(token, ExitMode.FINISHED)
+
+    assert await drive(pool, stop_when=all_mine, side=rival_steps_down) is None
+    first = scans.scans[0][0]
+    assert (first.candidates, len(first.acquired)) == (50, 45)
+    assert backend.calls[:2] == [("find_available", 50), ("acquire_many", 45)]
+    assert ("acquire", 1) not in backend.calls  # never one acquire per work ID
+    # Later scans ask only about the work IDs not held here.
+    assert all(n <= 5 for kind, n in backend.calls[2:] if kind == "find_available")
+    assert sorted(w for event, _ in scans.scans for w in event.acquired) == sorted(ids)
+
+
+async def test_backend_without_batches_is_scanned_one_acquire_at_a_time() -> None:
+    backend = WithoutBatches()
+    rival = AsyncLease(backend, holder_id="rival", ttl=TTL)
+    await rival.acquire("taken")
+    backend.calls.clear()
+    lease = AsyncLease(backend, holder_id=HOLDER, ttl=TTL)
+    scans = Scans()
+    ids = ["a", "b", "taken"]
+
+    async def work(token: Token, prior: Checkpoint) -> bytes | None:
+        await spin_until_stopped(pool)
+        return None
+
+    pool = AsyncPool(lease, ids, work, observer=scans, idle_interval=0.05, rerun_interval=LONG)
+
+    def enough() -> bool:
+        return pool.active_slots() == {"a", "b"} and len(scans.scans) >= 3
+
+    assert await drive(pool, stop_when=enough) is None
+    first = scans.scans[0][0]
+    assert (first.candidates, sorted(first.acquired)) == (3, ["a", "b"])
+    assert {kind for kind, _ in backend.calls} == {"acquire"}
+    assert all(event.acquired == () for event, _ in scans.scans[1:])
+
+
+async def test_a_failed_scan_is_reported_and_retried_after_the_backoff() -> None:
+    class FailingOnce(CountingMemory):
+        failed = False
+
+        async def find_available(self, work_ids: Sequence[str]) -> list[str]:
+            if not self.failed:
+                self.failed = True
+                raise ValueError("scan trouble")
+            return await super().find_available(work_ids)
+
+    backend = FailingOnce()
+    lease = AsyncLease(backend, holder_id=HOLDER, ttl=TTL)
+    scans = Scans()
+
+    async def work(token: Token, prior: Checkpoint) -> bytes | None:
+        raise Retire
+
+    pool = AsyncPool(lease, ["job"], work, observer=scans, idle_interval=LONG, backoff_interval=0.2)
+    assert await drive(pool) is None
+    (failed, failed_at), (ok, ok_at) = scans.scans[:2]
+    assert isinstance(failed.error, ValueError)
+    assert ok.error is None
+    assert ok.acquired == ("job",)
+    assert ok_at - failed_at >= 0.2 - EARLY
+    assert scans.kinds() == ["acquired", "retired"]
+
+
+async def spin_until_stopped(pool: AsyncPool) -> None:
+    for _ in range(round(LIMIT / 0.01)):
+        if pool.stopping:
+            return
+        await asleep(0.01)

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from time import monotonic
 from typing import Any
 
@@ -658,3 +658,138 @@ def test_run_is_not_reentrant(lease: Lease, slots: Slots) -> None:
     assert drive(pool) is None
     assert len(errors) == 1
     assert slots.kinds() == ["acquired", "retired"]
+
+
+# -- the scan -----------------------------------------------------------------------------------
+
+
+class CountingMemory(MemoryBackend):
+    """Counts the calls a pool makes: scans, batched acquires and single acquires."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: list[tuple[str, int]] = []
+
+    def find_available(self, work_ids: Sequence[str]) -> list[str]:
+        self.calls.append(("find_available", len(work_ids)))
+        return super().find_available(work_ids)
+
+    def acquire_many(
+        self, work_ids: Sequence[str], holder_id: str, ttl: float
+    ) -> list[tuple[Token, Checkpoint]]:
+        self.calls.append(("acquire_many", len(work_ids)))
+        return super().acquire_many(work_ids, holder_id, ttl)
+
+    def acquire(self, work_id: str, holder_id: str, ttl: float) -> Token:
+        self.calls.append(("acquire", 1))
+        return super().acquire(work_id, holder_id, ttl)
+
+    def acquire_with_checkpoint(
+        self, work_id: str, holder_id: str, ttl: float
+    ) -> tuple[Token, Checkpoint]:
+        self.calls.append(("acquire", 1))
+        return super().acquire_with_checkpoint(work_id, holder_id, ttl)
+
+
+class WithoutBatches(CountingMemory):
+    """A backend without the optional scan and batch methods (as a third-party one may be)."""
+
+    find_available = None  # type: ignore[assignment]
+    acquire_many = None  # type: ignore[assignment]
+    watch_releases = None  # type: ignore[assignment]
+
+
+def test_scan_takes_every_free_work_id_in_one_batch() -> None:
+    """One scan statement for the unheld work IDs, one batched acquire of the free ones; held
+    work IDs are never tried; a release elsewhere is picked up by a later scan."""
+    backend = CountingMemory()
+    rival = Lease(backend, holder_id="rival", ttl=TTL)
+    held = [rival.acquire(f"w{i}") for i in range(5)]
+    backend.calls.clear()
+    ids = [f"w{i}" for i in range(50)]
+    lease = Lease(backend, holder_id=HOLDER, ttl=TTL)
+    scans = Scans()
+
+    def work(token: Token, prior: Checkpoint) -> bytes | None:
+        spin_until_stopped(pool)
+        return None
+
+    pool = Pool(lease, ids, work, observer=scans, idle_interval=0.05, rerun_interval=LONG)
+
+    def all_mine() -> bool:
+        return pool.active_slots() == frozenset(ids)
+
+    def rival_steps_down() -> None:
+        deadline = monotonic() + LIMIT
+        while len(pool.active_slots()) < 45 and monotonic() < deadline:
+            sleep(0.01)
+        for token in held:
+            rival.release(token, ExitMode.FINISHED)
+
+    assert drive(pool, stop_when=all_mine, side=rival_steps_down) is None
+    first = scans.scans[0][0]
+    assert (first.candidates, len(first.acquired)) == (50, 45)
+    assert backend.calls[:2] == [("find_available", 50), ("acquire_many", 45)]
+    assert ("acquire", 1) not in backend.calls  # never one acquire per work ID
+    # Later scans ask only about the work IDs not held here.
+    assert all(n <= 5 for kind, n in backend.calls[2:] if kind == "find_available")
+    assert sorted(w for event, _ in scans.scans for w in event.acquired) == sorted(ids)
+
+
+def test_backend_without_batches_is_scanned_one_acquire_at_a_time() -> None:
+    backend = WithoutBatches()
+    rival = Lease(backend, holder_id="rival", ttl=TTL)
+    rival.acquire("taken")
+    backend.calls.clear()
+    lease = Lease(backend, holder_id=HOLDER, ttl=TTL)
+    scans = Scans()
+    ids = ["a", "b", "taken"]
+
+    def work(token: Token, prior: Checkpoint) -> bytes | None:
+        spin_until_stopped(pool)
+        return None
+
+    pool = Pool(lease, ids, work, observer=scans, idle_interval=0.05, rerun_interval=LONG)
+
+    def enough() -> bool:
+        return pool.active_slots() == {"a", "b"} and len(scans.scans) >= 3
+
+    assert drive(pool, stop_when=enough) is None
+    first = scans.scans[0][0]
+    assert (first.candidates, sorted(first.acquired)) == (3, ["a", "b"])
+    assert {kind for kind, _ in backend.calls} == {"acquire"}
+    assert all(event.acquired == () for event, _ in scans.scans[1:])
+
+
+def test_a_failed_scan_is_reported_and_retried_after_the_backoff() -> None:
+    class FailingOnce(CountingMemory):
+        failed = False
+
+        def find_available(self, work_ids: Sequence[str]) -> list[str]:
+            if not self.failed:
+                self.failed = True
+                raise ValueError("scan trouble")
+            return super().find_available(work_ids)
+
+    backend = FailingOnce()
+    lease = Lease(backend, holder_id=HOLDER, ttl=TTL)
+    scans = Scans()
+
+    def work(token: Token, prior: Checkpoint) -> bytes | None:
+        raise Retire
+
+    pool = Pool(lease, ["job"], work, observer=scans, idle_interval=LONG, backoff_interval=0.2)
+    assert drive(pool) is None
+    (failed, failed_at), (ok, ok_at) = scans.scans[:2]
+    assert isinstance(failed.error, ValueError)
+    assert ok.error is None
+    assert ok.acquired == ("job",)
+    assert ok_at - failed_at >= 0.2 - EARLY
+    assert scans.kinds() == ["acquired", "retired"]
+
+
+def spin_until_stopped(pool: Pool) -> None:
+    for _ in range(round(LIMIT / 0.01)):
+        if pool.stopping:
+            return
+        sleep(0.01)

@@ -18,6 +18,7 @@ from ..observers import (
     ReadCheckpointEvent,
     ReleaseEvent,
     RenewEvent,
+    ScanEvent,
     SlotAcquiredEvent,
     SlotBackoffEvent,
     SlotDeadEvent,
@@ -46,8 +47,9 @@ RELEASE: Final = "release"
 READ_CHECKPOINT: Final = "read_checkpoint"
 FORGET: Final = "forget"
 SWEEP: Final = "sweep"
+SCAN: Final = "scan"
 
-OPERATIONS: Final = (ACQUIRE, CHECKPOINT, RENEW, RELEASE, READ_CHECKPOINT, FORGET, SWEEP)
+OPERATIONS: Final = (ACQUIRE, CHECKPOINT, RENEW, RELEASE, READ_CHECKPOINT, FORGET, SWEEP, SCAN)
 """Every value of the ``operation`` label."""
 
 FENCEABLE: Final = (CHECKPOINT, RENEW, RELEASE, FORGET)
@@ -271,3 +273,6 @@ class MetricsObserver(LeaseObserver, VacuumObserver, PoolObserver):
 
     def on_slot_retired(self, event: SlotRetiredEvent) -> None:
         self._record_slot("retired")
+
+    def on_scan(self, event: ScanEvent) -> None:
+        self._record_operation(SCAN, outcome(event.error), event.duration, event.error)

@@ -17,6 +17,7 @@ from ..observers import (
     ReadCheckpointEvent,
     ReleaseEvent,
     RenewEvent,
+    ScanEvent,
     SlotAcquiredEvent,
     SlotBackoffEvent,
     SlotDeadEvent,
@@ -315,6 +316,38 @@ class LoggingObserver(LeaseObserver, VacuumObserver, PoolObserver):
 
     def on_slot_retired(self, event: SlotRetiredEvent) -> None:
         self._slot(self._level, "slot_retired", event.work_id, None, None, "retired its work ID")
+
+    def on_scan(self, event: ScanEvent) -> None:
+        # A scan that found nothing is routine (one per idle interval): detail level only.
+        if event.error is not None:
+            level = self._problem_level
+        else:
+            level = self._level if event.acquired else self._detail_level
+        if not self._logger.isEnabledFor(level):
+            return
+        result = outcome(event.error)
+        fields = {"worklease_candidates": event.candidates, "worklease_acquired": event.acquired}
+        extra = _extra("pool.scan", None, None, event.error, result, event.duration, fields)
+        if event.error is None:
+            self._logger.log(
+                level,
+                "worklease pool scan ok: acquired %d of %d candidate work ID(s) (%.3f ms)",
+                len(event.acquired),
+                event.candidates,
+                event.duration * 1e3,
+                extra=extra,
+            )
+        else:
+            self._logger.log(
+                level,
+                "worklease pool scan %s over %d candidate work ID(s) (%.3f ms): %s: %s",
+                result,
+                event.candidates,
+                event.duration * 1e3,
+                type(event.error).__name__,
+                event.error,
+                extra=extra,
+            )
 
 
 def _extra(
