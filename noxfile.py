@@ -1,4 +1,5 @@
-"""Developer sessions: nox -s generate | generate-check | lint | tests (| faults | bench)."""
+"""Developer sessions: nox -s generate | generate-check | lint | tests (| faults | bench |
+bench-scale)."""
 
 from __future__ import annotations
 
@@ -64,3 +65,12 @@ def bench(session: nox.Session) -> None:
     if "--dsn" in dsn:
         dsn.append(session.posargs[session.posargs.index("--dsn") + 1])
     session.run("python", "benchmarks/bench_handoff.py", *dsn)
+
+
+@nox.session(name="bench-scale", python=GEN_PYTHON)
+def bench_scale(session: nox.Session) -> None:
+    """Pools at scale (4 processes x 10,000 work IDs: coverage, statements/s, failover), new
+    design vs the old per-slot pool -> benchmarks/results/scale.* (not a default session).
+    Arguments go to the script: nox -s bench-scale -- --work-ids 2000 --skip-old."""
+    session.install("-e", ".[bench,test]")
+    session.run("python", "benchmarks/bench_scale.py", *session.posargs)

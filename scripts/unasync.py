@@ -96,6 +96,7 @@ REPLACEMENTS: dict[str, str] = {
     "wait_timeout": "wait",
     "set_threadsafe": "set",
     "aloop_key": "loop_key",
+    "aworker_alive": "worker_alive",
     "aabandonable": "abandonable",
     "ARENEWER_LINGER": "RENEWER_LINGER",
     # psycopg and psycopg_pool (import them from the package top level)

@@ -70,3 +70,67 @@ def test_bench_ops_writes_every_row(postgres_dsn: str, tmp_path: Path) -> None:
     assert database.startswith("worklease_bench_")
     left = pg.execute(postgres_dsn, "SELECT 1 FROM pg_database WHERE datname = %s", (database,))
     assert left == []
+
+
+SCALE_SCRIPT = SCRIPT.with_name("bench_scale.py")
+SCALE_ROWS = [
+    "| coverage: processes started → all 200 work IDs held |",
+    "| steady state: statements/s in total (pg_stat_database) |",
+    "| steady state: statements/s in total (pg_stat_statements) |",
+    "| work IDs held by the killed process |",
+    "| failover: kill -9 → all held again by the survivors |",
+]
+
+
+@pytest.mark.slow
+def test_bench_scale_writes_every_row(postgres_dsn: str, tmp_path: Path) -> None:
+    result = subprocess.run(
+        [
+            sys.executable,
+            str(SCALE_SCRIPT),
+            "--dsn",
+            postgres_dsn,
+            "--work-ids",
+            "200",
+            "--processes",
+            "2",
+            "--window",
+            "2",
+            "--ttl",
+            "2",
+            "--skip-old",
+            "--skip-chart",
+            "--output",
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr[-4000:]
+    assert not (tmp_path / "scale.png").exists()
+
+    table = (tmp_path / "scale.md").read_text(encoding="utf-8")
+    for row in SCALE_ROWS:
+        assert row in table, row
+
+    data = json.loads((tmp_path / "scale.json").read_text(encoding="utf-8"))
+    new, old = data["sides"]["new"], data["sides"]["old"]
+    assert old["measured"] is False
+    assert old["note"] == "skipped (--skip-old)"
+    assert new["measured"] is True, new.get("note")
+    # Liveness, not timing: two pools cover 200 work IDs within the 60 s bound, and the
+    # survivor takes over the killed process's work IDs within TTL + 20 s.
+    assert new["coverage"]["covered"] is True
+    assert new["failover"]["recovered"] is True
+    assert new["failover"]["victim_held"] > 0
+    assert isinstance(new["steady"]["statements_per_s"], float)
+    assert set(new["held_before_kill"]) == {"proc-0", "proc-1"}
+    assert len(new["timeline"]["t"]) == len(new["timeline"]["held"]) > 0
+
+    # The benchmark's own database is gone.
+    database = new["database"]
+    assert database.startswith("worklease_bench_scale_")
+    left = pg.execute(postgres_dsn, "SELECT 1 FROM pg_database WHERE datname = %s", (database,))
+    assert left == []

@@ -37,6 +37,7 @@ __all__ = [
     "ajoin_all",
     "asleep",
     "aspawn",
+    "aworker_alive",
     "bounded",
     "call",
     "cancel_worker",
@@ -45,6 +46,7 @@ __all__ = [
     "loop_key",
     "sleep",
     "spawn",
+    "worker_alive",
 ]
 
 T = TypeVar("T")
@@ -149,6 +151,15 @@ def join_all(workers: Sequence[Worker], timeout: float | None = None) -> bool:
     return not any(worker.is_alive() for worker in workers)
 
 
+def aworker_alive(worker: AWorker) -> bool:
+    """Whether the task has not finished (a task cancelled before it started never runs)."""
+    return not worker.done()
+
+
+def worker_alive(worker: Worker) -> bool:
+    return worker.is_alive()
+
+
 def acancel_worker(worker: AWorker) -> None:
     """Cancel a task without waiting for it."""
     worker.cancel()
@@ -219,13 +230,24 @@ class Abandoned(Exception):
     """The call was abandoned: nobody wants its result any more."""
 
 
-async def aabandonable(abandon: AEvent, fn: Callable[..., Awaitable[T]], *args: Any) -> T:
+async def aabandonable(
+    abandon: AEvent,
+    check: Callable[[], float | None],
+    fn: Callable[..., Awaitable[T]],
+    *args: Any,
+) -> T:
     """Await ``fn(*args)`` unless ``abandon`` is set first: the call is then cancelled in the
-    background and ``Abandoned`` raised."""
+    background and ``Abandoned`` raised. Meanwhile ``check()`` runs whenever the seconds it
+    returned (``None``: no need) have passed."""
     task = asyncio.ensure_future(fn(*args))
     watcher = asyncio.ensure_future(abandon.wait())
     try:
-        await asyncio.wait((task, watcher), return_when=asyncio.FIRST_COMPLETED)
+        while True:
+            done, _ = await asyncio.wait(
+                (task, watcher), timeout=check(), return_when=asyncio.FIRST_COMPLETED
+            )
+            if done:
+                break
     except asyncio.CancelledError:
         task.cancel()
         task.add_done_callback(_retrieve)
@@ -239,8 +261,11 @@ async def aabandonable(abandon: AEvent, fn: Callable[..., Awaitable[T]], *args: 
     return task.result()
 
 
-def abandonable(abandon: Event, fn: Callable[..., T], *args: Any) -> T:
-    """A thread cannot abandon a blocking call: the call runs to its end."""
+def abandonable(
+    abandon: Event, check: Callable[[], float | None], fn: Callable[..., T], *args: Any
+) -> T:
+    """A thread cannot abandon a blocking call: the call runs to its end (and its holders
+    learn of a window closing meanwhile from the clock, whenever they look)."""
     return fn(*args)
 
 

@@ -203,10 +203,11 @@ WITH input AS (
         AND l.work_id IN (SELECT work_id FROM locked)
     RETURNING l.work_id
 )
-SELECT EXISTS (SELECT 1 FROM renewed AS r WHERE r.work_id = i.work_id),
-       (SELECT k.exit_mode IS NOT NULL OR k.expires_at <= now()
-        FROM locked AS k WHERE k.work_id = i.work_id)
+SELECT r.work_id IS NOT NULL,
+       k.exit_mode IS NOT NULL OR k.expires_at <= now()
 FROM input AS i
+LEFT JOIN locked AS k ON k.work_id = i.work_id
+LEFT JOIN renewed AS r ON r.work_id = i.work_id
 ORDER BY i.n"""
         )
         self.checkpoint = build(

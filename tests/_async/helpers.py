@@ -9,7 +9,14 @@ from datetime import timedelta
 from typing import Protocol
 
 from tests._acompat import asleep
-from worklease import AsyncMemoryBackend, BackendError, Checkpoint, ExitMode, Token
+from worklease import (
+    AsyncMemoryBackend,
+    AsyncPostgresBackend,
+    BackendError,
+    Checkpoint,
+    ExitMode,
+    Token,
+)
 from worklease._acompat import ThreadLock
 from worklease.testing import FakeClock
 
@@ -194,3 +201,18 @@ async def spin(renewal: _Lossy, seconds: float = 5.0, step: float = 0.01) -> Non
     for _ in range(round(seconds / step)):
         renewal.raise_if_lost()
         await asleep(step)
+
+
+async def settle_listener(backend: object) -> None:
+    """Let a PostgreSQL backend's release listener start listening.
+
+    Once listening it wakes every watch once (a release may have gone unseen before); a test
+    that times an idle wait starts after that, so the wake-up cannot cut its wait short.
+    """
+    if not isinstance(backend, AsyncPostgresBackend):
+        return
+    watch = backend.watch_releases(["worklease-test-settle"])
+    if watch is None:
+        return
+    with watch:
+        await watch.wait(10.0)

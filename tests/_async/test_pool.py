@@ -39,6 +39,7 @@ from worklease import (
     current_renewal,
     permanent,
 )
+from worklease._acompat import AEvent
 from worklease.observers import (
     AcquireEvent,
     PoolObserver,
@@ -51,7 +52,7 @@ from worklease.observers import (
 )
 from worklease.testing import RecordingObserver
 
-from .helpers import spin
+from .helpers import settle_listener, spin
 
 _IS_SYNC = False
 
@@ -503,6 +504,7 @@ async def test_held_elsewhere_waits_then_picks_it_up(
 
     if idle == LONG and getattr(lease.backend, "watch_releases", None) is None:
         pytest.skip("the backend does not report releases")
+    await settle_listener(lease.backend)
     pool = AsyncPool(
         lease, ["job"], work, observer=scans, idle_interval=idle, backoff_interval=LONG
     )
@@ -810,3 +812,37 @@ async def spin_until_stopped(pool: AsyncPool) -> None:
         if pool.stopping:
             return
         await asleep(0.01)
+
+
+async def test_work_ids_acquired_by_a_scan_that_ends_after_stop_are_handed_back() -> None:
+    """stop() while a scan is acquiring: its grants are released ABANDONED when run ends, not
+    left to lapse."""
+
+    class SlowGrant(CountingMemory):
+        def __init__(self) -> None:
+            super().__init__()
+            self.entered = AEvent()
+            self.gate = AEvent()
+
+        async def acquire_many(
+            self, work_ids: Sequence[str], holder_id: str, ttl: float
+        ) -> list[tuple[Token, Checkpoint]]:
+            self.entered.set()
+            assert await self.gate.wait_timeout(LIMIT)
+            return await super().acquire_many(work_ids, holder_id, ttl)
+
+    backend = SlowGrant()
+    lease = AsyncLease(backend, holder_id=HOLDER, ttl=TTL)
+    slots = Slots()
+    pool = AsyncPool(lease, ["a", "b"], nothing, observer=slots, idle_interval=LONG)
+
+    async def open_gate_after_stop() -> None:
+        while not pool.stopping:
+            await asleep(0.01)
+        backend.gate.set()
+
+    assert await drive(pool, stop_when=backend.entered.is_set, side=open_gate_after_stop) is None
+    assert slots.kinds() == []  # no work ran
+    rows = {row.work_id: row for row in backend.rows()}
+    assert sorted(rows) == ["a", "b"]
+    assert all(row.exit_mode is ExitMode.ABANDONED for row in rows.values())

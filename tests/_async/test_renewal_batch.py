@@ -188,3 +188,20 @@ async def test_stopped_renewals_leave_no_worker_behind(count: int) -> None:
     for token in tokens:
         await lease.release(token, ExitMode.FINISHED)
     assert all(row.exit_mode is ExitMode.FINISHED for row in backend.rows())
+
+
+async def test_a_renewal_entered_after_its_release_never_renews() -> None:
+    """Released between ``lease.renewal(token)`` and entering it (another thread or task):
+    the renewal stops at once instead of renewing, or reporting the loss of, a lease the
+    holder gave up."""
+    backend = CountingBackend()
+    lease = AsyncLease(backend, holder_id="a", ttl=30.0)
+    token = await lease.acquire("w1")
+    renewal = lease.renewal(token, interval=0.01)
+    await lease.release(token, ExitMode.FINISHED)
+    async with renewal:
+        await asleep(0.1)
+        assert renewal.remaining() is None
+    assert renewal.cause is None
+    assert backend.single == []
+    assert backend.batches == []

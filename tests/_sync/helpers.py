@@ -12,7 +12,14 @@ from datetime import timedelta
 from typing import Protocol
 
 from tests._acompat import sleep
-from worklease import BackendError, Checkpoint, ExitMode, MemoryBackend, Token
+from worklease import (
+    BackendError,
+    Checkpoint,
+    ExitMode,
+    MemoryBackend,
+    PostgresBackend,
+    Token,
+)
 from worklease._acompat import ThreadLock
 from worklease.testing import FakeClock
 
@@ -195,3 +202,18 @@ def spin(renewal: _Lossy, seconds: float = 5.0, step: float = 0.01) -> None:
     for _ in range(round(seconds / step)):
         renewal.raise_if_lost()
         sleep(step)
+
+
+def settle_listener(backend: object) -> None:
+    """Let a PostgreSQL backend's release listener start listening.
+
+    Once listening it wakes every watch once (a release may have gone unseen before); a test
+    that times an idle wait starts after that, so the wake-up cannot cut its wait short.
+    """
+    if not isinstance(backend, PostgresBackend):
+        return
+    watch = backend.watch_releases(["worklease-test-settle"])
+    if watch is None:
+        return
+    with watch:
+        watch.wait(10.0)

@@ -41,7 +41,7 @@ from worklease import (
 from worklease.observers import AcquireEvent, ReleaseEvent
 from worklease.testing import RecordingObserver
 
-from .helpers import ScriptedBackend, spin, transient
+from .helpers import ScriptedBackend, settle_listener, spin, transient
 
 HOLDER = "leader-a"
 JOB = "leader-job"
@@ -176,6 +176,7 @@ def run_forever_bounded(
 def test_held_waits_idle_then_raises(lease: Lease, rival: Lease) -> None:
     """Somebody else leads: wait idle_interval (+ ≤ 20 %), raise LeaseHeldError, no callback."""
     rival.acquire(JOB)
+    settle_listener(lease.backend)
     log = Log()
     called: list[Token] = []
     leader = leader_for(lease, log, idle_interval=0.2, backoff_interval=LONG)
@@ -678,6 +679,7 @@ def test_stop_from_elsewhere_cuts_the_idle_wait_short(
 ) -> None:
     """stop() while waiting out somebody else's term ends run_forever at once."""
     rival.acquire(JOB)
+    settle_listener(lease.backend)
     log = Log()
     leader = leader_for(lease, log, backoff_interval=LONG, idle_interval=LONG)
     stopped: list[float] = []

@@ -42,6 +42,7 @@ from worklease import (
     current_renewal,
     permanent,
 )
+from worklease._acompat import Event
 from worklease.observers import (
     AcquireEvent,
     PoolObserver,
@@ -54,7 +55,7 @@ from worklease.observers import (
 )
 from worklease.testing import RecordingObserver
 
-from .helpers import spin
+from .helpers import settle_listener, spin
 
 _IS_SYNC = True
 
@@ -494,6 +495,7 @@ def test_held_elsewhere_waits_then_picks_it_up(
 
     if idle == LONG and getattr(lease.backend, "watch_releases", None) is None:
         pytest.skip("the backend does not report releases")
+    settle_listener(lease.backend)
     pool = Pool(lease, ["job"], work, observer=scans, idle_interval=idle, backoff_interval=LONG)
     if idle == LONG:  # two fruitless scans take two idle intervals: wait for one only
         scans.scans.append((ScanEvent(1, (), 0.0, None), monotonic()))
@@ -793,3 +795,37 @@ def spin_until_stopped(pool: Pool) -> None:
         if pool.stopping:
             return
         sleep(0.01)
+
+
+def test_work_ids_acquired_by_a_scan_that_ends_after_stop_are_handed_back() -> None:
+    """stop() while a scan is acquiring: its grants are released ABANDONED when run ends, not
+    left to lapse."""
+
+    class SlowGrant(CountingMemory):
+        def __init__(self) -> None:
+            super().__init__()
+            self.entered = Event()
+            self.gate = Event()
+
+        def acquire_many(
+            self, work_ids: Sequence[str], holder_id: str, ttl: float
+        ) -> list[tuple[Token, Checkpoint]]:
+            self.entered.set()
+            assert self.gate.wait(LIMIT)
+            return super().acquire_many(work_ids, holder_id, ttl)
+
+    backend = SlowGrant()
+    lease = Lease(backend, holder_id=HOLDER, ttl=TTL)
+    slots = Slots()
+    pool = Pool(lease, ["a", "b"], nothing, observer=slots, idle_interval=LONG)
+
+    def open_gate_after_stop() -> None:
+        while not pool.stopping:
+            sleep(0.01)
+        backend.gate.set()
+
+    assert drive(pool, stop_when=backend.entered.is_set, side=open_gate_after_stop) is None
+    assert slots.kinds() == []  # no work ran
+    rows = {row.work_id: row for row in backend.rows()}
+    assert sorted(rows) == ["a", "b"]
+    assert all(row.exit_mode is ExitMode.ABANDONED for row in rows.values())

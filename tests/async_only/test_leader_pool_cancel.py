@@ -13,6 +13,7 @@ import pytest
 from psycopg_pool import AsyncConnectionPool
 
 from tests import pg
+from tests._async.helpers import settle_listener
 from worklease import (
     AsyncBackend,
     AsyncLeader,
@@ -146,6 +147,7 @@ async def test_leader_cancelled_while_waiting_idle(backend: AsyncBackend) -> Non
     """Cancelled during the idle wait after LeaseHeldError: CancelledError at once."""
     rival = AsyncLease(backend, holder_id="rival", ttl=TTL)
     await rival.acquire("job")
+    await settle_listener(backend)
     lease = AsyncLease(backend, holder_id="leader-a", ttl=TTL)
     log = Log()
     leader = leader_for(lease, log, "job", idle_interval=LONG, backoff_interval=LONG)

@@ -54,7 +54,7 @@ class AsyncHold:
         interval: float | timedelta | None,
         backoff: Backoff | None,
         cleanup_timeout: float,
-        granted: tuple[Token, Checkpoint] | None = None,
+        granted: tuple[Token, Checkpoint | None] | None = None,
     ) -> None:
         self._lease = lease
         self._granted = granted

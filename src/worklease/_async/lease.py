@@ -24,6 +24,7 @@ from ..errors import (
     ConfigError,
     FencedError,
     LeaseHeldError,
+    LeaseLostError,
 )
 from ..observers import (
     AcquireEvent,
@@ -203,7 +204,9 @@ class AsyncLease:
             )
         return token, prior
 
-    async def _acquire_available(self, work_ids: list[str]) -> list[tuple[Token, Checkpoint]]:
+    async def _acquire_available(
+        self, work_ids: list[str]
+    ) -> list[tuple[Token, Checkpoint | None]]:
         """Acquire whichever of ``work_ids`` are free, with their checkpoints (for pools).
 
         Asks the backend which are free (``find_available``) and takes those in one step
@@ -221,7 +224,9 @@ class AsyncLease:
         start = monotonic()
         try:
             raw = await many(free, self._holder_id, self._ttl)
-            grants = [(seal_token(token, backend, start, self._ttl), prior) for token, prior in raw]
+            grants: list[tuple[Token, Checkpoint | None]] = [
+                (seal_token(token, backend, start, self._ttl), prior) for token, prior in raw
+            ]
         except Exception as exc:
             duration = monotonic() - start
             for work_id in free:
@@ -230,6 +235,7 @@ class AsyncLease:
         duration = monotonic() - start
         for token, prior in grants:
             notify(self._observer.on_acquire, AcquireEvent(token.work_id, token, duration, None))
+            assert prior is not None
             notify(
                 self._observer.on_read_checkpoint,
                 ReadCheckpointEvent(
@@ -238,17 +244,16 @@ class AsyncLease:
             )
         return grants
 
-    async def _acquire_each(self, work_ids: list[str]) -> list[tuple[Token, Checkpoint]]:
+    async def _acquire_each(self, work_ids: list[str]) -> list[tuple[Token, Checkpoint | None]]:
         """The one-by-one fallback of ``_acquire_available``: a failure other than a held
         lease is raised only when nothing was acquired (the grants are not dropped)."""
-        grants: list[tuple[Token, Checkpoint]] = []
+        grants: list[tuple[Token, Checkpoint | None]] = []
         failure: Exception | None = None
         for work_id in work_ids:
             try:
-                token, prior = await self._acquire_once(work_id, True)
-                grants.append(
-                    (token, prior if prior is not None else await self.read_checkpoint(token))
-                )
+                # No read here when the backend could not return the checkpoint with the
+                # acquire: the slot's hold reads it (and a failed read is handled there).
+                grants.append(await self._acquire_once(work_id, True))
             except LeaseHeldError:
                 continue
             except Exception as exc:
@@ -444,16 +449,28 @@ class AsyncLease:
             cleanup_timeout=positive_seconds(cleanup_timeout, "cleanup_timeout"),
         )
 
-    def _renewer(self) -> AsyncRenewer:
-        """The worker renewing this lease object's renewals (one per event loop)."""
+    def _renew_in_background(self, renewal: AsyncRenewal) -> None:
+        """Hand ``renewal`` to the worker renewing this lease object's renewals (one per
+        event loop), starting one if needed."""
         key = aloop_key()
         with self._renewers_lock:
             renewer = self._renewers.get(key)
             if renewer is None:
                 renewer = self._renewers[key] = AsyncRenewer(self, key)
-            return renewer
+            renewer.add(renewal)
 
-    def _drop_renewer(self, key: object, renewer: AsyncRenewer) -> None:
+    def _retire_renewer(self, key: object, renewer: AsyncRenewer) -> bool:
+        """End an idle renewer's worker and forget it, unless a renewal arrived meanwhile;
+        decided under the lock ``_renew_in_background`` takes, so no renewal is left with
+        a renewer whose worker ended."""
+        with self._renewers_lock:
+            if not renewer.retire_if_idle():
+                return False
+            if self._renewers.get(key) is renewer:
+                del self._renewers[key]
+            return True
+
+    def _forget_renewer(self, key: object, renewer: AsyncRenewer) -> None:
         with self._renewers_lock:
             if self._renewers.get(key) is renewer:
                 del self._renewers[key]
@@ -483,10 +500,18 @@ class AsyncLease:
                 raise BackendError(
                     f"renew_many returned {len(results)} outcomes for {len(tokens)} tokens"
                 )
+        except LeaseLostError as exc:
+            # A loss is per token; a batch cannot be lost as a whole: treat it as a failed
+            # attempt, retried like any other.
+            error = BackendError(f"renew_many failed as a whole: {exc}", transient=True)
+            error.__cause__ = exc
+            results = [error] * len(tokens)
         except Exception as exc:
             results = [exc] * len(tokens)
         duration = monotonic() - start
         for token, attempt, outcome in zip(tokens, attempts, results, strict=True):
+            if unseal(token, self._backend).given_up:
+                continue  # released or forgotten meanwhile: its renewal means nothing now
             notify(self._observer.on_renew, RenewEvent(token, attempt, duration, outcome))
             if outcome is not None:
                 self._report_fenced(token, Operation.RENEW, outcome)

@@ -6,8 +6,17 @@ import logging
 from collections.abc import Iterable
 from datetime import timedelta
 
-from .._acompat import AEvent, AWorker, ThreadLock, acall, acancel_worker, ajoin_all, aspawn
-from .._models import Checkpoint, Token
+from .._acompat import (
+    AEvent,
+    AWorker,
+    ThreadLock,
+    acall,
+    acancel_worker,
+    acleanup,
+    ajoin_all,
+    aspawn,
+)
+from .._models import Checkpoint, ExitMode, Token
 from .._pacing import interval, is_permanent, jittered
 from .._types import AsyncWorkFn
 from .._validation import check_work_id
@@ -20,6 +29,7 @@ from ..errors import (
     EmptyWorkIDsError,
     FencedError,
     LeaseHeldError,
+    LeaseLostError,
     LeaseRequiredError,
     PoolConfigError,
     Retire,
@@ -128,6 +138,8 @@ class AsyncPool:
         self._done: set[str] = set()
         """Work IDs retired or dead: never taken again by this run."""
         self._retiring: set[str] = set()
+        self._unstarted: dict[str, Token] = {}
+        """Grants whose slot has not started (it may never: stopped first)."""
         self._watch: AsyncReleaseWatch | None = None
 
     @property
@@ -165,6 +177,7 @@ class AsyncPool:
             self._dead = 0
             self._done = set()
             self._claimed = set()
+            self._unstarted = {}
         runner = AsyncRunner(
             self._lease,
             self._adapter,
@@ -180,6 +193,8 @@ class AsyncPool:
                 self.stop()  # graceful: running slots release before we leave
                 await ajoin_all(self._live_workers(), self._cleanup_timeout + 1.0)
                 raise
+            finally:
+                await self._release_unstarted()
         finally:
             with self._lock:
                 self._workers = {}
@@ -231,7 +246,7 @@ class AsyncPool:
             self._watch = None
             watch.close()
 
-    async def _scan(self, candidates: list[str]) -> list[tuple[Token, Checkpoint]]:
+    async def _scan(self, candidates: list[str]) -> list[tuple[Token, Checkpoint | None]]:
         start = monotonic()
         try:
             grants = await self._lease._acquire_available(candidates)
@@ -246,11 +261,16 @@ class AsyncPool:
         )
         return grants
 
-    def _start_slots(self, runner: AsyncRunner, grants: list[tuple[Token, Checkpoint]]) -> None:
+    def _start_slots(
+        self, runner: AsyncRunner, grants: list[tuple[Token, Checkpoint | None]]
+    ) -> None:
         for token, prior in grants:
             work_id = token.work_id
             with self._lock:
                 self._claimed.add(work_id)
+                self._unstarted[work_id] = token
+                if self._stop.is_set():
+                    continue  # released with the other unstarted grants when run ends
                 self._workers[work_id] = aspawn(
                     self._slot, runner, work_id, (token, prior), name="worklease-pool:" + work_id
                 )
@@ -284,9 +304,12 @@ class AsyncPool:
             return True
 
     async def _slot(
-        self, runner: AsyncRunner, work_id: str, granted: tuple[Token, Checkpoint]
+        self, runner: AsyncRunner, work_id: str, granted: tuple[Token, Checkpoint | None]
     ) -> None:
         try:
+            with self._lock:
+                if self._stop.is_set() or self._unstarted.pop(work_id, None) is None:
+                    return  # unstarted: the grant is (or was) released when run ends
             await self._slot_loop(runner, work_id, granted)
         except Exception:  # a bug must not take the other slots down silently
             logger.exception("worklease pool slot %r failed unexpectedly", work_id)
@@ -299,12 +322,12 @@ class AsyncPool:
                 watch.wake()  # the scan takes the work ID back (or sees everything done)
 
     async def _slot_loop(
-        self, runner: AsyncRunner, work_id: str, granted: tuple[Token, Checkpoint] | None
+        self, runner: AsyncRunner, work_id: str, granted: tuple[Token, Checkpoint | None] | None
     ) -> None:
         """Run the work while this process keeps the work ID; give it back to the scan
         (by returning) when somebody else holds it."""
         observer = self._observer
-        while not self._stop.is_set():
+        while granted is not None or not self._stop.is_set():  # a grant is always run
             error: Exception | None = None
             try:
                 await runner._run(work_id, granted)
@@ -332,6 +355,30 @@ class AsyncPool:
                 delay = self._backoff_interval
                 notify(observer.on_slot_backoff, SlotBackoffEvent(work_id, error, delay))
                 await self._pause(delay)
+
+    async def _release_unstarted(self) -> None:
+        """Hand back the grants no slot started (the pool stopped first), ABANDONED like any
+        work the pool stops, within ``cleanup_timeout``."""
+        with self._lock:
+            tokens, self._unstarted = list(self._unstarted.values()), {}
+        if not tokens:
+            return
+        try:
+            await acleanup(self._cleanup_timeout, self._release_all, tokens)
+        except Exception as exc:
+            logger.warning(
+                "worklease pool could not hand back %d work ID(s) it acquired as it stopped "
+                "(they lapse after the TTL): %s",
+                len(tokens),
+                exc,
+            )
+
+    async def _release_all(self, tokens: list[Token]) -> None:
+        for token in tokens:
+            try:
+                await self._lease.release(token, ExitMode.ABANDONED)
+            except LeaseLostError:
+                continue  # taken over or lapsed meanwhile: nothing to hand back
 
     async def _pause(self, seconds: float) -> None:
         await self._stop.wait_timeout(seconds)

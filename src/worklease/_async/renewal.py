@@ -15,6 +15,7 @@ from .._acompat import (
     ThreadLock,
     aabandonable,
     aspawn,
+    aworker_alive,
 )
 from .._context import _current
 from .._models import Token
@@ -129,11 +130,12 @@ class AsyncRenewal:
         # A window already closed at the start (a slow step between acquire and renewal):
         # renew at once, to learn whether the lease is still held.
         self._plan(now if self._window.end <= now else now + self._interval)
-        self._seal.attach(self._window, self.stop)
         self._canceller.bind()
         self._context = _current.set(self)
-        self._renewer = self._lease._renewer()
-        self._renewer.add(self)
+        self._lease._renew_in_background(self)  # sets _renewer before stop() can be reached
+        self._seal.attach(self._window, self.stop)
+        if self._seal.given_up:  # released or forgotten meanwhile, from another thread
+            self.stop()
         return self
 
     async def __aexit__(
@@ -235,16 +237,19 @@ class AsyncRenewer:
         self._in_flight: set[AsyncRenewal] = set()
         self._abandon = AEvent()
         self._wakes_at = 0.0
-        """When the waiting worker wakes next (monotonic); 0 while it is busy."""
+        """When the waiting worker wakes next (monotonic); 0 while it is busy. Read and
+        written under the lock together with the member snapshot, so no wake-up is lost."""
 
     def add(self, renewal: AsyncRenewal) -> None:
+        """Renew ``renewal`` from now on (called under the lease's renewer lock)."""
         with self._lock:
             self._members[renewal] = None
-            if self._worker is None:
+            renewal._renewer = self
+            if self._worker is None or not aworker_alive(self._worker):
                 self._wake = AEvent()
                 self._wakes_at = 0.0
                 self._worker = aspawn(self._run, name="worklease-renewals")
-            elif renewal._due >= self._wakes_at:
+            elif renewal._due >= self._wakes_at > 0.0:
                 return  # the worker wakes before this one is due anyway
             wake = self._wake
         wake.set()
@@ -263,6 +268,14 @@ class AsyncRenewer:
                 return  # the worker finds out when it next wakes
         wake.set()  # nothing left: a worker that ends at once should not wait for a due
 
+    def retire_if_idle(self) -> bool:
+        """End the worker if nothing is left to renew (under the lease's renewer lock)."""
+        with self._lock:
+            if self._members:
+                return False
+            self._worker = None
+            return True
+
     async def _run(self) -> None:
         try:
             while await self._step():
@@ -270,38 +283,45 @@ class AsyncRenewer:
         except Exception as exc:
             # A bug here must not leave a holder believing it holds a lease nobody renews.
             logger.exception("worklease renewals of %r failed unexpectedly", self._lease)
-            with self._lock:
-                members, self._members = list(self._members), {}
-                self._worker = None
-            for renewal in members:
-                renewal._lose(renewal._window.lose_by_window(exc))
+            self._abort(exc)
+        except BaseException as exc:
+            # Cancelled (the event loop shuts down, or somebody cancels every task): nobody
+            # renews these leases any more, so report them lost rather than leave their
+            # holders believing otherwise.
+            self._abort(exc)
+            raise
+
+    def _abort(self, error: BaseException) -> None:
+        self._lease._forget_renewer(self._key, self)
+        with self._lock:
+            members, self._members = list(self._members), {}
+            self._worker = None
+        for renewal in members:
+            renewal._lose(renewal._window.lose_by_window(error))
 
     async def _step(self) -> bool:
         """One wait or one round of renewals; False when the worker ends."""
-        wake = self._wake
-        wake.clear()
-        with self._lock:
-            members = list(self._members)
-        if not members:
-            with self._lock:
-                self._wakes_at = monotonic() + ARENEWER_LINGER
-            if await wake.wait_timeout(ARENEWER_LINGER):
-                return True
-            with self._lock:
-                if self._members:
-                    return True
-                self._worker = None
-            self._lease._drop_renewer(self._key, self)
-            return False
         now = monotonic()
-        due = [renewal for renewal in members if renewal._due <= now]
+        with self._lock:
+            wake = self._wake
+            wake.clear()
+            for renewal in [r for r in self._members if r._stopped]:
+                del self._members[renewal]  # stopped before it was ever added (defensive)
+            members = list(self._members)
+            due = [renewal for renewal in members if renewal._due <= now]
+            if not members:
+                self._wakes_at = now + ARENEWER_LINGER
+            elif not due:
+                self._wakes_at = min(renewal._due for renewal in members)
+            else:
+                self._wakes_at = 0.0
+            wakes_at = self._wakes_at
         if not due:
-            wakes_at = min(renewal._due for renewal in members)
-            with self._lock:
-                self._wakes_at = wakes_at
-            await wake.wait_timeout(wakes_at - now)
+            woken = await wake.wait_timeout(wakes_at - now)
             with self._lock:
                 self._wakes_at = 0.0  # awake: whatever is added gets looked at
+            if not members and not woken:
+                return not self._lease._retire_renewer(self._key, self)
             return True
         # Renewals more than half way to their next attempt join this one: renewing a little
         # early costs nothing, and it brings every renewal into the same round.
@@ -314,6 +334,25 @@ class AsyncRenewer:
         ]
         await self._round(due + joining)
         return True
+
+    @staticmethod
+    def _overdue(batch: list[AsyncRenewal]) -> float | None:
+        """While a call is in flight: report the renewals whose window closed meanwhile
+        (their holders learn it now, not when the shared call ends); return the seconds
+        until the next open window closes."""
+        now = monotonic()
+        soonest: float | None = None
+        for renewal in batch:
+            window = renewal._window
+            if renewal._stopped or window.stopped:
+                continue
+            if window.end <= now:
+                cause = window.cause(now)
+                if cause is not None:
+                    renewal._lose(cause)
+            elif soonest is None or window.end < soonest:
+                soonest = window.end
+        return None if soonest is None else soonest - now
 
     async def _round(self, renewals: list[AsyncRenewal]) -> None:
         start = monotonic()
@@ -340,6 +379,7 @@ class AsyncRenewer:
         try:
             outcomes = await aabandonable(
                 abandon,
+                lambda: self._overdue(batch),
                 self._lease._renew_together,
                 [renewal._token for renewal in batch],
                 [renewal._attempt for renewal in batch],

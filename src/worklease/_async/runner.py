@@ -86,7 +86,7 @@ class AsyncRunner:
         """Run the work function once under the lease on ``work_id`` (see the class doc)."""
         await self._run(work_id, None)
 
-    async def _run(self, work_id: str, granted: tuple[Token, Checkpoint] | None) -> None:
+    async def _run(self, work_id: str, granted: tuple[Token, Checkpoint | None] | None) -> None:
         """``run``, or with ``granted`` the same cycle on a lease acquired beforehand."""
         async with AsyncHold(
             self._lease,

@@ -57,7 +57,7 @@ class Hold:
         interval: float | timedelta | None,
         backoff: Backoff | None,
         cleanup_timeout: float,
-        granted: tuple[Token, Checkpoint] | None = None,
+        granted: tuple[Token, Checkpoint | None] | None = None,
     ) -> None:
         self._lease = lease
         self._granted = granted

@@ -9,8 +9,17 @@ import logging
 from collections.abc import Iterable
 from datetime import timedelta
 
-from .._acompat import Event, ThreadLock, Worker, call, cancel_worker, join_all, spawn
-from .._models import Checkpoint, Token
+from .._acompat import (
+    Event,
+    ThreadLock,
+    Worker,
+    call,
+    cancel_worker,
+    cleanup,
+    join_all,
+    spawn,
+)
+from .._models import Checkpoint, ExitMode, Token
 from .._pacing import interval, is_permanent, jittered
 from .._types import WorkFn
 from .._validation import check_work_id
@@ -23,6 +32,7 @@ from ..errors import (
     EmptyWorkIDsError,
     FencedError,
     LeaseHeldError,
+    LeaseLostError,
     LeaseRequiredError,
     PoolConfigError,
     Retire,
@@ -131,6 +141,8 @@ class Pool:
         self._done: set[str] = set()
         """Work IDs retired or dead: never taken again by this run."""
         self._retiring: set[str] = set()
+        self._unstarted: dict[str, Token] = {}
+        """Grants whose slot has not started (it may never: stopped first)."""
         self._watch: ReleaseWatch | None = None
 
     @property
@@ -168,6 +180,7 @@ class Pool:
             self._dead = 0
             self._done = set()
             self._claimed = set()
+            self._unstarted = {}
         runner = Runner(
             self._lease,
             self._adapter,
@@ -183,6 +196,8 @@ class Pool:
                 self.stop()  # graceful: running slots release before we leave
                 join_all(self._live_workers(), self._cleanup_timeout + 1.0)
                 raise
+            finally:
+                self._release_unstarted()
         finally:
             with self._lock:
                 self._workers = {}
@@ -234,7 +249,7 @@ class Pool:
             self._watch = None
             watch.close()
 
-    def _scan(self, candidates: list[str]) -> list[tuple[Token, Checkpoint]]:
+    def _scan(self, candidates: list[str]) -> list[tuple[Token, Checkpoint | None]]:
         start = monotonic()
         try:
             grants = self._lease._acquire_available(candidates)
@@ -249,11 +264,14 @@ class Pool:
         )
         return grants
 
-    def _start_slots(self, runner: Runner, grants: list[tuple[Token, Checkpoint]]) -> None:
+    def _start_slots(self, runner: Runner, grants: list[tuple[Token, Checkpoint | None]]) -> None:
         for token, prior in grants:
             work_id = token.work_id
             with self._lock:
                 self._claimed.add(work_id)
+                self._unstarted[work_id] = token
+                if self._stop.is_set():
+                    continue  # released with the other unstarted grants when run ends
                 self._workers[work_id] = spawn(
                     self._slot, runner, work_id, (token, prior), name="worklease-pool:" + work_id
                 )
@@ -286,8 +304,11 @@ class Pool:
             self._done.add(work_id)
             return True
 
-    def _slot(self, runner: Runner, work_id: str, granted: tuple[Token, Checkpoint]) -> None:
+    def _slot(self, runner: Runner, work_id: str, granted: tuple[Token, Checkpoint | None]) -> None:
         try:
+            with self._lock:
+                if self._stop.is_set() or self._unstarted.pop(work_id, None) is None:
+                    return  # unstarted: the grant is (or was) released when run ends
             self._slot_loop(runner, work_id, granted)
         except Exception:  # a bug must not take the other slots down silently
             logger.exception("worklease pool slot %r failed unexpectedly", work_id)
@@ -300,12 +321,12 @@ class Pool:
                 watch.wake()  # the scan takes the work ID back (or sees everything done)
 
     def _slot_loop(
-        self, runner: Runner, work_id: str, granted: tuple[Token, Checkpoint] | None
+        self, runner: Runner, work_id: str, granted: tuple[Token, Checkpoint | None] | None
     ) -> None:
         """Run the work while this process keeps the work ID; give it back to the scan
         (by returning) when somebody else holds it."""
         observer = self._observer
-        while not self._stop.is_set():
+        while granted is not None or not self._stop.is_set():  # a grant is always run
             error: Exception | None = None
             try:
                 runner._run(work_id, granted)
@@ -333,6 +354,30 @@ class Pool:
                 delay = self._backoff_interval
                 notify(observer.on_slot_backoff, SlotBackoffEvent(work_id, error, delay))
                 self._pause(delay)
+
+    def _release_unstarted(self) -> None:
+        """Hand back the grants no slot started (the pool stopped first), ABANDONED like any
+        work the pool stops, within ``cleanup_timeout``."""
+        with self._lock:
+            tokens, self._unstarted = list(self._unstarted.values()), {}
+        if not tokens:
+            return
+        try:
+            cleanup(self._cleanup_timeout, self._release_all, tokens)
+        except Exception as exc:
+            logger.warning(
+                "worklease pool could not hand back %d work ID(s) it acquired as it stopped "
+                "(they lapse after the TTL): %s",
+                len(tokens),
+                exc,
+            )
+
+    def _release_all(self, tokens: list[Token]) -> None:
+        for token in tokens:
+            try:
+                self._lease.release(token, ExitMode.ABANDONED)
+            except LeaseLostError:
+                continue  # taken over or lapsed meanwhile: nothing to hand back
 
     def _pause(self, seconds: float) -> None:
         self._stop.wait(seconds)

@@ -89,7 +89,7 @@ class Runner:
         """Run the work function once under the lease on ``work_id`` (see the class doc)."""
         self._run(work_id, None)
 
-    def _run(self, work_id: str, granted: tuple[Token, Checkpoint] | None) -> None:
+    def _run(self, work_id: str, granted: tuple[Token, Checkpoint | None] | None) -> None:
         """``run``, or with ``granted`` the same cycle on a lease acquired beforehand."""
         with Hold(
             self._lease,
