@@ -134,3 +134,47 @@ def test_bench_scale_writes_every_row(postgres_dsn: str, tmp_path: Path) -> None
     assert database.startswith("worklease_bench_scale_")
     left = pg.execute(postgres_dsn, "SELECT 1 FROM pg_database WHERE datname = %s", (database,))
     assert left == []
+
+
+HANDOFF_SCRIPT = SCRIPT.with_name("bench_handoff.py")
+
+
+def test_bench_handoff_writes_every_row(postgres_dsn: str, tmp_path: Path) -> None:
+    result = subprocess.run(
+        [
+            sys.executable,
+            str(HANDOFF_SCRIPT),
+            "--dsn",
+            postgres_dsn,
+            "--rounds",
+            "3",
+            "--crash-rounds",
+            "1",
+            "--ttl",
+            "0.5",
+            "--skip-chart",
+            "--output",
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+        cwd=HANDOFF_SCRIPT.parent,
+    )
+    assert result.returncode == 0, result.stderr[-4000:]
+    table = (tmp_path / "handoff.md").read_text(encoding="utf-8")
+    for flavour in ("sync", "async"):
+        assert f"| release → successor acquired | {flavour} |" in table
+        assert f"| crash → successor acquired, over the TTL (0.5 s) | {flavour} |" in table
+    data = json.loads((tmp_path / "handoff.json").read_text(encoding="utf-8"))
+    counts = {(s["scenario"], s["flavour"]): len(s["samples_ms"]) for s in data["series"]}
+    assert counts == {
+        ("release", "sync"): 3,
+        ("release", "async"): 3,
+        ("crash", "sync"): 1,
+        ("crash", "async"): 1,
+    }
+    database = data["environment"]["database"]
+    left = pg.execute(postgres_dsn, "SELECT 1 FROM pg_database WHERE datname = %s", (database,))
+    assert left == []
