@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib
 import json
 import os
 import statistics
@@ -213,12 +214,11 @@ def render_markdown(results: list[Series], env: dict[str, Any], rounds: dict[str
 
 def render_chart(results: list[Series], path: Path) -> str | None:
     try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
+        matplotlib = importlib.import_module("matplotlib")
     except ImportError:
-        return "matplotlib not installed: no chart"
+        return "matplotlib not installed (pip install -e '.[bench]'): no chart"
+    matplotlib.use("Agg")
+    plt = importlib.import_module("matplotlib.pyplot")
     figure, axes = plt.subplots(1, 2, figsize=(10, 4))
     for axis, scenario in zip(axes, ("release", "crash"), strict=True):
         chosen = [series for series in results if series.scenario == scenario]
