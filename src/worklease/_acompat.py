@@ -243,8 +243,11 @@ async def aabandonable(
     watcher = asyncio.ensure_future(abandon.wait())
     try:
         while True:
+            timeout = check()
+            if abandon.is_set():
+                break  # abandoned by the check itself: cancel the call before anything else
             done, _ = await asyncio.wait(
-                (task, watcher), timeout=check(), return_when=asyncio.FIRST_COMPLETED
+                (task, watcher), timeout=timeout, return_when=asyncio.FIRST_COMPLETED
             )
             if done:
                 break

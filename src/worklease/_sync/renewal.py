@@ -35,6 +35,9 @@ __all__ = ["Renewal", "Renewer"]
 
 logger = logging.getLogger("worklease")
 
+_OVERDUE_GRACE = 0.01
+"""How long after a window's end a shared call in flight is checked for it."""
+
 
 class Renewal:
     """Keeps one lease renewed in the background while its ``with`` block runs.
@@ -338,24 +341,36 @@ class Renewer:
         self._round(due + joining)
         return True
 
-    @staticmethod
-    def _overdue(batch: list[Renewal]) -> float | None:
-        """While a call is in flight: report the renewals whose window closed meanwhile
-        (their holders learn it now, not when the shared call ends); return the seconds
-        until the next open window closes."""
+    def _overdue(self, batch: list[Renewal], lost: list[Renewal]) -> float | None:
+        """While a call is in flight: take out the renewals whose window closed meanwhile, so
+        their holders learn it now rather than when the shared call ends, and return the
+        seconds until the next open window closes. Their holders are told at once unless
+        that leaves the call with nobody waiting for it: it is then abandoned first (see
+        ``_round``), so an abandoned call is always cancelled before its holders hear."""
         now = monotonic()
         soonest: float | None = None
         for renewal in batch:
             window = renewal._window
-            if renewal._stopped or window.stopped:
+            if renewal._stopped or window.stopped or renewal in lost:
                 continue
             if window.end <= now:
-                cause = window.cause(now)
-                if cause is not None:
-                    renewal._lose(cause)
+                if window.cause(now) is not None:  # latched: lost by window
+                    lost.append(renewal)
+                    self.discard(renewal)
             elif soonest is None or window.end < soonest:
                 soonest = window.end
-        return None if soonest is None else soonest - now
+        with self._lock:
+            abandoning = not self._in_flight
+        if not abandoning:
+            self._tell(lost)
+        # Looked at a little after the window's end: a single renewal's own call bound (the
+        # same end) then gives up first and is cancelled before its holder hears.
+        return None if soonest is None else soonest - now + _OVERDUE_GRACE
+
+    @staticmethod
+    def _tell(lost: list[Renewal]) -> None:
+        for renewal in lost:
+            renewal._lose(renewal._window.cause())
 
     def _round(self, renewals: list[Renewal]) -> None:
         start = monotonic()
@@ -379,20 +394,22 @@ class Renewer:
         with self._lock:
             self._in_flight = set(batch)
             self._abandon = abandon = Event()
+        lost: list[Renewal] = []
         try:
             outcomes = abandonable(
                 abandon,
-                lambda: self._overdue(batch),
+                lambda: self._overdue(batch, lost),
                 self._lease._renew_together,
                 [renewal._token for renewal in batch],
                 [renewal._attempt for renewal in batch],
                 timeout,
             )
         except Abandoned:
-            return  # every renewal of the call stopped meanwhile
+            return  # every renewal of the call stopped (or lost its window) meanwhile
         finally:
             with self._lock:
                 self._in_flight = set()
+            self._tell(lost)  # no-op for those already told
         for renewal, outcome in zip(batch, outcomes, strict=True):
             renewal._settle(start, outcome)
         if later:
