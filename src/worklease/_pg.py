@@ -115,10 +115,9 @@ class Statements:
             return (pin + sql.SQL(text).format(table=table)).as_bytes(None)
 
         owned = "work_id = %(work_id)s AND holder_id = %(holder_id)s AND fencing_token = %(token)s"
-        acquire = """WITH granted AS (
-    INSERT INTO {{table}} AS l (work_id, holder_id, expires_at)
-    VALUES (%(work_id)s, %(holder_id)s, now() + %(ttl)s)
-    ON CONFLICT (work_id) DO UPDATE SET
+        # How an acquire takes over an expired or released row: one text for the single and
+        # the batched acquire, so they cannot drift apart.
+        takeover = """ON CONFLICT (work_id) DO UPDATE SET
         holder_id = EXCLUDED.holder_id,
         fencing_token = EXCLUDED.fencing_token,
         expires_at = EXCLUDED.expires_at,
@@ -126,7 +125,14 @@ class Statements:
         prev_exit_mode = COALESCE(l.exit_mode, 'expired'),
         prev_holder_id = l.holder_id,
         updated_at = now()
-    WHERE l.expires_at < now()
+    WHERE l.expires_at < now()"""
+        acquire = (
+            """WITH granted AS (
+    INSERT INTO {{table}} AS l (work_id, holder_id, expires_at)
+    VALUES (%(work_id)s, %(holder_id)s, now() + %(ttl)s)
+    """
+            + takeover
+            + """
     RETURNING fencing_token, expires_at{granted_extra}
 )
 SELECT true, fencing_token, expires_at, NULL::text, current_schema(){granted_extra} FROM granted
@@ -137,6 +143,7 @@ SELECT false, NULL::bigint,
        current_schema(){held_extra}
 FROM {{table}}
 WHERE work_id = %(work_id)s AND NOT EXISTS (SELECT 1 FROM granted)"""
+        )
         self.acquire = build(acquire.format(granted_extra="", held_extra=""))
         # The same upsert returning what the new holder reads first: the runner's cycle then
         # needs no separate read.
@@ -156,22 +163,16 @@ LEFT JOIN {table} AS l ON l.work_id = w.work_id
 WHERE l.work_id IS NULL OR l.expires_at < now()
 ORDER BY w.n"""
         )
-        # acquire_reading for many work IDs; the SET list is the single acquire's.
+        # acquire_reading for many work IDs, with the single acquire's takeover.
         self.acquire_many = build(
             """WITH granted AS (
     INSERT INTO {table} AS l (work_id, holder_id, expires_at)
     SELECT w.work_id, %(holder_id)s, now() + %(ttl)s
     FROM unnest(%(work_ids)s::text[]) AS w(work_id)
     ORDER BY w.work_id
-    ON CONFLICT (work_id) DO UPDATE SET
-        holder_id = EXCLUDED.holder_id,
-        fencing_token = EXCLUDED.fencing_token,
-        expires_at = EXCLUDED.expires_at,
-        exit_mode = NULL,
-        prev_exit_mode = COALESCE(l.exit_mode, 'expired'),
-        prev_holder_id = l.holder_id,
-        updated_at = now()
-    WHERE l.expires_at < now()
+    """
+            + takeover
+            + """
     RETURNING work_id, fencing_token, expires_at, checkpoint, prev_exit_mode, prev_holder_id
 )
 SELECT g.work_id, g.fencing_token, g.expires_at, g.checkpoint, g.prev_exit_mode,
