@@ -6,10 +6,12 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
+from time import monotonic
 from typing import Protocol
 
-from tests._acompat import asleep
+from tests._acompat import asleep, aspawn_all
 from worklease import (
+    AsyncLease,
     AsyncMemoryBackend,
     AsyncPostgresBackend,
     BackendError,
@@ -216,3 +218,34 @@ async def settle_listener(backend: object) -> None:
         return
     with watch:
         await watch.wait(10.0)
+
+
+async def handed_over(
+    holder_backend: object, waiter_backend: object, how: str, *, poll: float = 30.0
+) -> tuple[Token, float]:
+    """A waiter (poll interval ``poll``) acquires while the holder lets go after 0.3 s by
+    ``how`` ("release" or "forget"); the waiter's token and how long after the letting go it
+    got the lease."""
+    holder = AsyncLease(holder_backend, holder_id="holder", ttl=poll)  # type: ignore[arg-type]
+    waiter = AsyncLease(waiter_backend, holder_id="waiter", ttl=poll)  # type: ignore[arg-type]
+    token = await holder.acquire("handoff")
+    released: list[float] = []
+    got: list[tuple[Token, float]] = []
+
+    async def step(index: int) -> None:
+        if index == 0:
+            acquired = await waiter.acquire(
+                "handoff", wait=True, timeout=poll * 2, poll_interval=poll
+            )
+            got.append((acquired, monotonic()))
+        else:
+            await asleep(0.3)
+            if how == "release":
+                await holder.release(token, ExitMode.FINISHED)
+            else:
+                await holder.forget(token)
+            released.append(monotonic())
+
+    assert await aspawn_all(step, 2) == [None, None]
+    ((acquired, at),) = got
+    return acquired, at - released[0]

@@ -19,8 +19,10 @@ from psycopg import sql
 from psycopg_pool import AsyncConnectionPool
 
 from tests import pg
-from tests._acompat import asleep, aspawn_all
-from worklease import AsyncLease, AsyncPostgresBackend, ExitMode, FencedError, Token
+from tests._acompat import asleep
+from worklease import AsyncLease, AsyncPostgresBackend, ExitMode, FencedError
+
+from .helpers import handed_over
 
 pytestmark = pytest.mark.postgres
 
@@ -83,36 +85,6 @@ async def until_delivered(releaser: AsyncPostgresBackend, watcher: AsyncPostgres
             if await watch.wait(0.5):
                 return
             assert monotonic() < deadline, "the listener never delivered a release"
-
-
-async def handed_over(
-    holder_backend: AsyncPostgresBackend, waiter_backend: AsyncPostgresBackend, how: str
-) -> tuple[Token, float]:
-    """A waiter (poll interval LONG) acquires while the holder lets go after 0.3 s; the
-    waiter's token and how long after the release it got the lease."""
-    holder = AsyncLease(holder_backend, holder_id="holder", ttl=LONG)
-    waiter = AsyncLease(waiter_backend, holder_id="waiter", ttl=LONG)
-    token = await holder.acquire("handoff")
-    released: list[float] = []
-    got: list[tuple[Token, float]] = []
-
-    async def step(index: int) -> None:
-        if index == 0:
-            acquired = await waiter.acquire(
-                "handoff", wait=True, timeout=LONG * 2, poll_interval=LONG
-            )
-            got.append((acquired, monotonic()))
-        else:
-            await asleep(0.3)
-            if how == "release":
-                await holder.release(token, ExitMode.FINISHED)
-            else:
-                await holder.forget(token)
-            released.append(monotonic())
-
-    assert await aspawn_all(step, 2) == [None, None]
-    ((acquired, at),) = got
-    return acquired, at - released[0]
 
 
 async def test_release_and_forget_notify_only_when_they_happen(

@@ -22,6 +22,8 @@ from worklease import (
     Token,
 )
 
+from .helpers import handed_over
+
 LONG = 30.0
 """A poll or idle interval no test may sit out."""
 PROMPT = 5.0
@@ -151,39 +153,11 @@ async def test_release_and_forget_publish_only_when_they_happen(
         assert await watch.wait(LONG) is True
 
 
-async def handed_over(backend: Any, release: str) -> tuple[Token, float]:
-    """A waiter (poll interval LONG) acquires while the holder lets go after 0.3 s; the
-    waiter's token and how long after the release it got the lease."""
-    holder = AsyncLease(backend, holder_id="holder", ttl=LONG)
-    waiter = AsyncLease(backend, holder_id="waiter", ttl=LONG)
-    token = await holder.acquire("handoff")
-    released: list[float] = []
-    got: list[tuple[Token, float]] = []
-
-    async def step(index: int) -> None:
-        if index == 0:
-            acquired = await waiter.acquire(
-                "handoff", wait=True, timeout=LONG * 2, poll_interval=LONG
-            )
-            got.append((acquired, monotonic()))
-        else:
-            await asleep(0.3)
-            if release == "release":
-                await holder.release(token, ExitMode.FINISHED)
-            else:
-                await holder.forget(token)
-            released.append(monotonic())
-
-    assert await aspawn_all(step, 2) == [None, None]
-    ((acquired, at),) = got
-    return acquired, at - released[0]
-
-
 @pytest.mark.parametrize("release", ["release", "forget"])
 async def test_a_waiting_acquire_wakes_at_the_release(
     memory: AsyncMemoryBackend, release: str
 ) -> None:
-    token, after = await handed_over(memory, release)
+    token, after = await handed_over(memory, memory, release)
     assert token.holder_id == "waiter"
     assert after < PROMPT  # not the 30 s poll interval
 

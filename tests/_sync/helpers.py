@@ -9,13 +9,15 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
+from time import monotonic
 from typing import Protocol
 
-from tests._acompat import sleep
+from tests._acompat import sleep, spawn_all
 from worklease import (
     BackendError,
     Checkpoint,
     ExitMode,
+    Lease,
     MemoryBackend,
     PostgresBackend,
     Token,
@@ -217,3 +219,32 @@ def settle_listener(backend: object) -> None:
         return
     with watch:
         watch.wait(10.0)
+
+
+def handed_over(
+    holder_backend: object, waiter_backend: object, how: str, *, poll: float = 30.0
+) -> tuple[Token, float]:
+    """A waiter (poll interval ``poll``) acquires while the holder lets go after 0.3 s by
+    ``how`` ("release" or "forget"); the waiter's token and how long after the letting go it
+    got the lease."""
+    holder = Lease(holder_backend, holder_id="holder", ttl=poll)  # type: ignore[arg-type]
+    waiter = Lease(waiter_backend, holder_id="waiter", ttl=poll)  # type: ignore[arg-type]
+    token = holder.acquire("handoff")
+    released: list[float] = []
+    got: list[tuple[Token, float]] = []
+
+    def step(index: int) -> None:
+        if index == 0:
+            acquired = waiter.acquire("handoff", wait=True, timeout=poll * 2, poll_interval=poll)
+            got.append((acquired, monotonic()))
+        else:
+            sleep(0.3)
+            if how == "release":
+                holder.release(token, ExitMode.FINISHED)
+            else:
+                holder.forget(token)
+            released.append(monotonic())
+
+    assert spawn_all(step, 2) == [None, None]
+    ((acquired, at),) = got
+    return acquired, at - released[0]

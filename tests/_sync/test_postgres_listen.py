@@ -22,8 +22,10 @@ from psycopg import sql
 from psycopg_pool import ConnectionPool
 
 from tests import pg
-from tests._acompat import sleep, spawn_all
-from worklease import ExitMode, FencedError, Lease, PostgresBackend, Token
+from tests._acompat import sleep
+from worklease import ExitMode, FencedError, Lease, PostgresBackend
+
+from .helpers import handed_over
 
 pytestmark = pytest.mark.postgres
 
@@ -86,34 +88,6 @@ def until_delivered(releaser: PostgresBackend, watcher: PostgresBackend) -> None
             if watch.wait(0.5):
                 return
             assert monotonic() < deadline, "the listener never delivered a release"
-
-
-def handed_over(
-    holder_backend: PostgresBackend, waiter_backend: PostgresBackend, how: str
-) -> tuple[Token, float]:
-    """A waiter (poll interval LONG) acquires while the holder lets go after 0.3 s; the
-    waiter's token and how long after the release it got the lease."""
-    holder = Lease(holder_backend, holder_id="holder", ttl=LONG)
-    waiter = Lease(waiter_backend, holder_id="waiter", ttl=LONG)
-    token = holder.acquire("handoff")
-    released: list[float] = []
-    got: list[tuple[Token, float]] = []
-
-    def step(index: int) -> None:
-        if index == 0:
-            acquired = waiter.acquire("handoff", wait=True, timeout=LONG * 2, poll_interval=LONG)
-            got.append((acquired, monotonic()))
-        else:
-            sleep(0.3)
-            if how == "release":
-                holder.release(token, ExitMode.FINISHED)
-            else:
-                holder.forget(token)
-            released.append(monotonic())
-
-    assert spawn_all(step, 2) == [None, None]
-    ((acquired, at),) = got
-    return acquired, at - released[0]
 
 
 def test_release_and_forget_notify_only_when_they_happen(

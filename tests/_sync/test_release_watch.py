@@ -25,6 +25,8 @@ from worklease import (
     Token,
 )
 
+from .helpers import handed_over
+
 LONG = 30.0
 """A poll or idle interval no test may sit out."""
 PROMPT = 5.0
@@ -154,35 +156,9 @@ def test_release_and_forget_publish_only_when_they_happen(
         assert watch.wait(LONG) is True
 
 
-def handed_over(backend: Any, release: str) -> tuple[Token, float]:
-    """A waiter (poll interval LONG) acquires while the holder lets go after 0.3 s; the
-    waiter's token and how long after the release it got the lease."""
-    holder = Lease(backend, holder_id="holder", ttl=LONG)
-    waiter = Lease(backend, holder_id="waiter", ttl=LONG)
-    token = holder.acquire("handoff")
-    released: list[float] = []
-    got: list[tuple[Token, float]] = []
-
-    def step(index: int) -> None:
-        if index == 0:
-            acquired = waiter.acquire("handoff", wait=True, timeout=LONG * 2, poll_interval=LONG)
-            got.append((acquired, monotonic()))
-        else:
-            sleep(0.3)
-            if release == "release":
-                holder.release(token, ExitMode.FINISHED)
-            else:
-                holder.forget(token)
-            released.append(monotonic())
-
-    assert spawn_all(step, 2) == [None, None]
-    ((acquired, at),) = got
-    return acquired, at - released[0]
-
-
 @pytest.mark.parametrize("release", ["release", "forget"])
 def test_a_waiting_acquire_wakes_at_the_release(memory: MemoryBackend, release: str) -> None:
-    token, after = handed_over(memory, release)
+    token, after = handed_over(memory, memory, release)
     assert token.holder_id == "waiter"
     assert after < PROMPT  # not the 30 s poll interval
 
