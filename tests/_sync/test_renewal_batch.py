@@ -7,8 +7,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-import pytest
-
 from tests._acompat import sleep, spawn_all
 from worklease import (
     ExitMode,
@@ -67,9 +65,11 @@ def test_many_renewals_share_one_call_per_interval() -> None:
     ids = [f"w{i}" for i in range(50)]
     tokens = [lease.acquire(work_id) for work_id in ids]
     done = Event()
+    entered: list[int] = []
 
     def hold(index: int) -> None:
         with lease.renewal(tokens[index], interval=0.05) as renewal:
+            entered.append(index)
             while not done.is_set():
                 renewal.raise_if_lost()
                 sleep(0.01)
@@ -79,6 +79,8 @@ def test_many_renewals_share_one_call_per_interval() -> None:
             hold(index)
             return
         try:
+            assert _wait_until(lambda: len(entered) == len(ids))
+            backend.batches.clear()  # count from when every renewal runs
             assert _wait_until(lambda: len(backend.batches) >= 6)
         finally:
             done.set()
@@ -86,8 +88,8 @@ def test_many_renewals_share_one_call_per_interval() -> None:
     results = spawn_all(watch, len(ids) + 1)
     assert [r for r in results if r is not None] == []
     assert backend.single == []  # never one statement per token
-    # Renewals started a few milliseconds apart fall into step within two rounds; from then
-    # on every call renews all fifty.
+    # Renewals started at different times fall into step within two rounds of the last
+    # one starting; from then on every call renews all fifty.
     assert all(sorted(batch) == sorted(ids) for batch in backend.batches[2:])
     before = [row.expires_at for row in backend.rows()]
     assert min(before) > tokens[0].expires_at  # every lease was extended
@@ -106,7 +108,7 @@ def test_each_token_of_a_batch_keeps_its_own_outcome() -> None:
         token = (kept, fenced, lapsed, None)[index]
         if token is None:  # the saboteur: works on the rows behind the lease's back
             try:
-                assert _wait_until(lambda: len(backend.batches) >= 1)
+                assert _wait_until(lambda: any(len(b) == 3 for b in backend.batches))
                 backend.forget(fenced)  # row gone: the renewal is fenced
                 backend.release(lapsed, ExitMode.ABANDONED)  # no longer renewable
                 assert _wait_until(lambda: {"fenced", "lapsed"} <= set(outcome))
@@ -180,16 +182,17 @@ def test_two_renewals_of_one_token_are_not_sent_in_one_call() -> None:
     assert "w1" in backend.single or any(batch.count("w1") for batch in backend.batches)
 
 
-@pytest.mark.parametrize("count", [1, 3])
-def test_stopped_renewals_leave_no_worker_behind(count: int) -> None:
+def test_renewals_one_after_another_are_each_renewed() -> None:
+    """Sequential renewals on one lease object (a runner's cycles): whether the renewal worker
+    is reused or replaced between them, each renewal gets renewed."""
     backend = CountingBackend()
     lease = Lease(backend, holder_id="a", ttl=30.0)
-    tokens = [lease.acquire(f"w{i}") for i in range(count)]
-    for token in tokens:
+    for index in range(3):
+        token = lease.acquire(f"w{index}")
         with lease.renewal(token, interval=0.02):
-            assert _wait_until(lambda: len(backend.batches) + len(backend.single) >= 1)
-    for token in tokens:
+            assert _wait_until(lambda w=token.work_id: w in backend.single)
         lease.release(token, ExitMode.FINISHED)
+    assert backend.single[-1] == "w2"
     assert all(row.exit_mode is ExitMode.FINISHED for row in backend.rows())
 
 

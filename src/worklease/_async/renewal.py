@@ -39,8 +39,9 @@ _OVERDUE_GRACE = 0.01
 class AsyncRenewal:
     """Keeps one lease renewed in the background while its ``with`` block runs.
 
-    Renewal attempts run every ``interval`` seconds; transient failures are retried with the
-    backoff until the lease window closes. The window is tracked on the local monotonic clock
+    Renewal attempts run every ``interval`` seconds (up to half an interval early, to share a
+    backend call with the lease object's other renewals); transient failures are retried with
+    the backoff until the lease window closes. The window is tracked on the local monotonic clock
     and never exceeds the real expiry. The lease is lost when a renewal is fenced
     (``FencedError``), finds the lease lapsed (``LeaseLapsedError``), or the window closes
     before a renewal succeeded (``LeaseWindowExhaustedError``); ``cause`` then holds the
@@ -338,7 +339,7 @@ class AsyncRenewer:
         await self._round(due + joining)
         return True
 
-    def _overdue(self, batch: list[AsyncRenewal], lost: list[AsyncRenewal]) -> float | None:
+    def _overdue(self, batch: list[AsyncRenewal], lost: dict[AsyncRenewal, bool]) -> float | None:
         """While a call is in flight: take out the renewals whose window closed meanwhile, so
         their holders learn it now rather than when the shared call ends, and return the
         seconds until the next open window closes. Their holders are told at once unless
@@ -352,7 +353,7 @@ class AsyncRenewer:
                 continue
             if window.end <= now:
                 if window.cause(now) is not None:  # latched: lost by window
-                    lost.append(renewal)
+                    lost[renewal] = False  # not told yet
                     self.discard(renewal)
             elif soonest is None or window.end < soonest:
                 soonest = window.end
@@ -365,9 +366,11 @@ class AsyncRenewer:
         return None if soonest is None else soonest - now + _OVERDUE_GRACE
 
     @staticmethod
-    def _tell(lost: list[AsyncRenewal]) -> None:
-        for renewal in lost:
-            renewal._lose(renewal._window.cause())
+    def _tell(lost: dict[AsyncRenewal, bool]) -> None:
+        for renewal, told in lost.items():
+            if not told:
+                lost[renewal] = True
+                renewal._lose(renewal._window.cause())
 
     async def _round(self, renewals: list[AsyncRenewal]) -> None:
         start = monotonic()
@@ -391,7 +394,7 @@ class AsyncRenewer:
         with self._lock:
             self._in_flight = set(batch)
             self._abandon = abandon = AEvent()
-        lost: list[AsyncRenewal] = []
+        lost: dict[AsyncRenewal, bool] = {}  # lost by window during the call: told yet?
         try:
             outcomes = await aabandonable(
                 abandon,
@@ -406,7 +409,7 @@ class AsyncRenewer:
         finally:
             with self._lock:
                 self._in_flight = set()
-            self._tell(lost)  # no-op for those already told
+            self._tell(lost)
         for renewal, outcome in zip(batch, outcomes, strict=True):
             renewal._settle(start, outcome)
         if later:

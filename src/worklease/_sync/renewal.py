@@ -42,8 +42,9 @@ _OVERDUE_GRACE = 0.01
 class Renewal:
     """Keeps one lease renewed in the background while its ``with`` block runs.
 
-    Renewal attempts run every ``interval`` seconds; transient failures are retried with the
-    backoff until the lease window closes. The window is tracked on the local monotonic clock
+    Renewal attempts run every ``interval`` seconds (up to half an interval early, to share a
+    backend call with the lease object's other renewals); transient failures are retried with
+    the backoff until the lease window closes. The window is tracked on the local monotonic clock
     and never exceeds the real expiry. The lease is lost when a renewal is fenced
     (``FencedError``), finds the lease lapsed (``LeaseLapsedError``), or the window closes
     before a renewal succeeded (``LeaseWindowExhaustedError``); ``cause`` then holds the
@@ -341,7 +342,7 @@ class Renewer:
         self._round(due + joining)
         return True
 
-    def _overdue(self, batch: list[Renewal], lost: list[Renewal]) -> float | None:
+    def _overdue(self, batch: list[Renewal], lost: dict[Renewal, bool]) -> float | None:
         """While a call is in flight: take out the renewals whose window closed meanwhile, so
         their holders learn it now rather than when the shared call ends, and return the
         seconds until the next open window closes. Their holders are told at once unless
@@ -355,7 +356,7 @@ class Renewer:
                 continue
             if window.end <= now:
                 if window.cause(now) is not None:  # latched: lost by window
-                    lost.append(renewal)
+                    lost[renewal] = False  # not told yet
                     self.discard(renewal)
             elif soonest is None or window.end < soonest:
                 soonest = window.end
@@ -368,9 +369,11 @@ class Renewer:
         return None if soonest is None else soonest - now + _OVERDUE_GRACE
 
     @staticmethod
-    def _tell(lost: list[Renewal]) -> None:
-        for renewal in lost:
-            renewal._lose(renewal._window.cause())
+    def _tell(lost: dict[Renewal, bool]) -> None:
+        for renewal, told in lost.items():
+            if not told:
+                lost[renewal] = True
+                renewal._lose(renewal._window.cause())
 
     def _round(self, renewals: list[Renewal]) -> None:
         start = monotonic()
@@ -394,7 +397,7 @@ class Renewer:
         with self._lock:
             self._in_flight = set(batch)
             self._abandon = abandon = Event()
-        lost: list[Renewal] = []
+        lost: dict[Renewal, bool] = {}  # lost by window during the call: told yet?
         try:
             outcomes = abandonable(
                 abandon,
@@ -409,7 +412,7 @@ class Renewer:
         finally:
             with self._lock:
                 self._in_flight = set()
-            self._tell(lost)  # no-op for those already told
+            self._tell(lost)
         for renewal, outcome in zip(batch, outcomes, strict=True):
             renewal._settle(start, outcome)
         if later:
