@@ -11,7 +11,11 @@ threads and scripts. Backends: PostgreSQL for production, in-memory for tests.
 
 from __future__ import annotations
 
+from ._async.backend import AsyncAcquireMany as AsyncAcquireMany
+from ._async.backend import AsyncAcquireWithCheckpoint as AsyncAcquireWithCheckpoint
 from ._async.backend import AsyncBackend as AsyncBackend
+from ._async.backend import AsyncFindAvailable as AsyncFindAvailable
+from ._async.backend import AsyncRenewMany as AsyncRenewMany
 from ._async.hold import AsyncHold as AsyncHold
 from ._async.leader import AsyncLeader as AsyncLeader
 from ._async.lease import AsyncLease as AsyncLease
@@ -21,13 +25,18 @@ from ._async.postgres import AsyncPostgresBackend as AsyncPostgresBackend
 from ._async.renewal import AsyncRenewal as AsyncRenewal
 from ._async.runner import AsyncRunner as AsyncRunner
 from ._async.vacuum import AsyncVacuum as AsyncVacuum
+from ._async.watch import AsyncReleaseWatching as AsyncReleaseWatching
 from ._context import current_renewal as current_renewal
 from ._models import Checkpoint as Checkpoint
 from ._models import ExitMode as ExitMode
 from ._models import Operation as Operation
 from ._models import Token as Token
 from ._pg import schema_sql as schema_sql
+from ._sync.backend import AcquireMany as AcquireMany
+from ._sync.backend import AcquireWithCheckpoint as AcquireWithCheckpoint
 from ._sync.backend import Backend as Backend
+from ._sync.backend import FindAvailable as FindAvailable
+from ._sync.backend import RenewMany as RenewMany
 from ._sync.hold import Hold as Hold
 from ._sync.leader import Leader as Leader
 from ._sync.lease import Lease as Lease
@@ -37,10 +46,12 @@ from ._sync.postgres import PostgresBackend as PostgresBackend
 from ._sync.renewal import Renewal as Renewal
 from ._sync.runner import Runner as Runner
 from ._sync.vacuum import Vacuum as Vacuum
+from ._sync.watch import ReleaseWatching as ReleaseWatching
 from ._types import AsyncTokenCallback as AsyncTokenCallback
 from ._types import AsyncWorkFn as AsyncWorkFn
 from ._types import TokenCallback as TokenCallback
 from ._types import WorkFn as WorkFn
+from ._validation import MAX_DURATION as MAX_DURATION
 from ._window import Backoff as Backoff
 from .codec import Codec as Codec
 from .codec import JSONCodec as JSONCodec
@@ -62,6 +73,8 @@ from .errors import LeaseRequiredError as LeaseRequiredError
 from .errors import LeaseWindowExhaustedError as LeaseWindowExhaustedError
 from .errors import PermanentError as PermanentError
 from .errors import PoolConfigError as PoolConfigError
+from .errors import PoolLeaseRequiredError as PoolLeaseRequiredError
+from .errors import PoolWorkFnRequiredError as PoolWorkFnRequiredError
 from .errors import RetentionRequiredError as RetentionRequiredError
 from .errors import Retire as Retire
 from .errors import WorkFnRequiredError as WorkFnRequiredError
@@ -88,15 +101,23 @@ from .observers import VacuumObserver as VacuumObserver
 __version__ = "0.1.0.dev0"
 
 __all__ = [
+    "MAX_DURATION",
     "AcquireEvent",
+    "AcquireMany",
+    "AcquireWithCheckpoint",
     "AllSlotsDeadError",
+    "AsyncAcquireMany",
+    "AsyncAcquireWithCheckpoint",
     "AsyncBackend",
+    "AsyncFindAvailable",
     "AsyncHold",
     "AsyncLeader",
     "AsyncLease",
     "AsyncMemoryBackend",
     "AsyncPool",
     "AsyncPostgresBackend",
+    "AsyncReleaseWatching",
+    "AsyncRenewMany",
     "AsyncRenewal",
     "AsyncRunner",
     "AsyncTokenCallback",
@@ -116,6 +137,7 @@ __all__ = [
     "ExitMode",
     "FencedError",
     "FencedEvent",
+    "FindAvailable",
     "ForgetEvent",
     "Hold",
     "InvalidExitModeError",
@@ -136,9 +158,13 @@ __all__ = [
     "Pool",
     "PostgresBackend",
     "PoolConfigError",
+    "PoolLeaseRequiredError",
     "PoolObserver",
+    "PoolWorkFnRequiredError",
     "ReadCheckpointEvent",
     "ReleaseEvent",
+    "ReleaseWatching",
+    "RenewMany",
     "Renewal",
     "RenewEvent",
     "RetentionRequiredError",

@@ -21,10 +21,10 @@ from psycopg.rows import tuple_row
 
 from ._duration import format_duration, glob_to_regex, parse_duration
 from ._models import Checkpoint, Token
-from ._pg import TABLE, Statements, check_schema_name, map_error, schema_sql
+from ._pg import TABLE, Rows, Statements, check_schema_name, map_error, schema_sql
 from ._sync.lease import Lease
 from ._sync.memory import MemoryBackend
-from ._sync.postgres import PostgresBackend
+from ._sync.postgres import PostgresBackend, run_statement
 from ._sync.runner import Runner
 from .errors import WorkleaseError
 
@@ -87,15 +87,10 @@ def _query(
     operation: str,
     statement: bytes,
     params: dict[str, Any],
-) -> tuple[list[tuple[Any, ...]], int]:
-    """Run one backend statement (READ COMMITTED pinned, client-side binding)."""
+) -> tuple[Rows, int]:
+    """Run one backend statement the way the backend runs it (its statement runner)."""
     try:
-        cursor = psycopg.ClientCursor(conn, row_factory=tuple_row)
-        cursor.execute(statement, params)
-        while cursor.nextset():
-            pass
-        rows = cursor.fetchall() if cursor.description else []
-        return rows, cursor.rowcount
+        return run_statement(conn, operation, statement, params)
     except psycopg.Error as exc:
         raise map_error(exc, operation) from exc
 
@@ -122,20 +117,18 @@ def _iso(value: datetime | None, timespec: str = "auto") -> str | None:
 
 def _status(args: argparse.Namespace) -> None:
     pattern = glob_to_regex(args.work_id) if args.work_id is not None else None
+    statements = Statements(args.schema)
     with _connect(args.dsn) as conn:
         rows, _ = _query(
-            conn,
-            "status",
-            Statements(args.schema).status,
-            {"pattern": pattern, "state": args.state},
+            conn, "status", statements.status, {"pattern": pattern, "state": args.state}
         )
-    records = [dict(zip((*STATUS_COLUMNS, "expires_in"), row, strict=True)) for row in rows]
+    records = statements.status_rows(rows)
     if args.json:
         document = [
             {
-                **{key: record[key] for key in STATUS_COLUMNS},
-                "expires_at": _iso(record["expires_at"]),
-                "updated_at": _iso(record["updated_at"]),
+                **{key: getattr(record, key) for key in STATUS_COLUMNS},
+                "expires_at": _iso(record.expires_at),
+                "updated_at": _iso(record.updated_at),
             }
             for record in records
         ]
@@ -151,23 +144,23 @@ def _status(args: argparse.Namespace) -> None:
     )  # fmt: skip
     table = [header]
     for record in records:
-        left = float(record["expires_in"])
+        left = float(record.expires_in)
         expires = f"in {format_duration(left)}" if left >= 0 else f"{format_duration(left)} ago"
-        size = record["checkpoint_size"]
-        prev = record["prev_exit"]
-        if record["prev_holder_id"] is not None:
-            prev = f"{prev} ({record['prev_holder_id']})"
+        size = record.checkpoint_size
+        prev = record.prev_exit
+        if record.prev_holder_id is not None:
+            prev = f"{prev} ({record.prev_holder_id})"
         table.append(
             (
-                record["work_id"],
-                record["holder_id"],
-                str(record["fencing_token"]),
-                record["state"],
-                record["exit_mode"] or "-",
+                record.work_id,
+                record.holder_id,
+                str(record.fencing_token),
+                record.state,
+                record.exit_mode or "-",
                 prev,
                 expires,
                 "-" if size is None else f"{size} B",
-                _iso(record["updated_at"], "seconds") or "-",
+                _iso(record.updated_at, "seconds") or "-",
             )
         )
     widths = [max(len(row[i]) for row in table) for i in range(len(header))]

@@ -9,7 +9,9 @@ correctly in both flavours.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import inspect
+import logging
 import threading
 import time
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
@@ -37,6 +39,7 @@ __all__ = [
     "ajoin_all",
     "asleep",
     "aspawn",
+    "awithin",
     "aworker_alive",
     "bounded",
     "call",
@@ -46,8 +49,11 @@ __all__ = [
     "loop_key",
     "sleep",
     "spawn",
+    "within",
     "worker_alive",
 ]
+
+logger = logging.getLogger("worklease")
 
 T = TypeVar("T")
 
@@ -212,18 +218,7 @@ async def abounded(timeout: float | None, fn: Callable[..., Awaitable[T]], *args
     """
     if timeout is None:
         return await fn(*args)
-    task = asyncio.ensure_future(fn(*args))
-    try:
-        done, _ = await asyncio.wait((task,), timeout=max(timeout, 0.0))
-    except asyncio.CancelledError:
-        task.cancel()
-        task.add_done_callback(_retrieve)
-        raise
-    if not done:
-        task.cancel()
-        task.add_done_callback(_retrieve)
-        raise TimeoutError(f"call did not finish within {timeout:g}s")
-    return task.result()
+    return await awithin(timeout, None, fn, *args)
 
 
 class Abandoned(Exception):
@@ -283,6 +278,60 @@ def bounded(timeout: float | None, fn: Callable[..., T], *args: Any) -> T:
     return fn(*args)
 
 
+async def awithin(
+    timeout: float,
+    late: Callable[[T], Coroutine[Any, Any, object]] | None,
+    fn: Callable[..., Awaitable[T]],
+    *args: Any,
+) -> T:
+    """Await ``fn(*args)`` for at most ``timeout`` seconds, then raise ``TimeoutError``.
+
+    The call is cancelled then (in the background: nobody waits for it). Should it still
+    finish with a result (it ignored the cancellation), ``late(result)`` runs in a task of its
+    own to undo what it did.
+    """
+    task = asyncio.ensure_future(fn(*args))
+
+    def abandoned(done: asyncio.Future[T]) -> None:
+        if done.cancelled() or done.exception() is not None or late is None:
+            return  # an abandoned call's failure is not news to anybody
+        undo = asyncio.ensure_future(late(done.result()))
+        undo.add_done_callback(_log_late_failure)
+
+    try:
+        finished, _ = await asyncio.wait((task,), timeout=max(timeout, 0.0))
+    except asyncio.CancelledError:
+        task.cancel()
+        task.add_done_callback(abandoned)
+        raise
+    if not finished:
+        task.cancel()
+        task.add_done_callback(abandoned)
+        raise TimeoutError(f"call did not finish within {timeout:g}s")
+    return task.result()
+
+
+def within(timeout: float, late: Callable[[T], object], fn: Callable[..., T], *args: Any) -> T:
+    """Run ``fn(*args)`` in a helper thread for at most ``timeout`` seconds, then raise
+    ``TimeoutError`` (a thread cannot be interrupted: the call is left to finish).
+
+    Should it still finish with a result, ``late(result)`` runs in the helper thread to undo
+    what it did. The call runs in a copy of the caller's context (context variables).
+    """
+    job = _CleanupJob(contextvars.copy_context().run, (fn, *args), late=late)
+    _cleanup_helpers.submit(job)
+    if not job.wait(timeout):
+        raise TimeoutError(f"call did not finish within {timeout:g}s")
+    if job.error is not None:
+        raise job.error
+    return cast(T, job.result)
+
+
+def _log_late_failure(task: asyncio.Future[Any]) -> None:
+    if not task.cancelled() and task.exception() is not None:
+        logger.warning("worklease: undoing a late call failed: %r", task.exception())
+
+
 async def acleanup(timeout: float, fn: Callable[..., Coroutine[Any, Any, T]], *args: Any) -> T:
     """Run final writes ``fn(*args)`` to completion despite cancellation, within ``timeout``.
 
@@ -330,22 +379,46 @@ def cleanup(timeout: float, fn: Callable[..., T], *args: Any) -> T:
 
 
 class _CleanupJob:
-    __slots__ = ("args", "done", "error", "fn", "result")
+    __slots__ = ("_abandoned", "_lock", "args", "done", "error", "fn", "late", "result")
 
-    def __init__(self, fn: Callable[..., Any], args: tuple[Any, ...]) -> None:
+    def __init__(
+        self,
+        fn: Callable[..., Any],
+        args: tuple[Any, ...],
+        late: Callable[[Any], object] | None = None,
+    ) -> None:
         self.fn = fn
         self.args = args
+        self.late = late
         self.done = threading.Event()
         self.result: Any = None
         self.error: BaseException | None = None
+        self._abandoned = False
+        self._lock = threading.Lock()
+
+    def wait(self, timeout: float) -> bool:
+        """Wait for the job; False (and the job is abandoned) when ``timeout`` passed first."""
+        if self.done.wait(max(timeout, 0.0)):
+            return True
+        with self._lock:
+            if self.done.is_set():
+                return True
+            self._abandoned = True
+            return False
 
     def run(self) -> None:
         try:
             self.result = self.fn(*self.args)
         except BaseException as exc:
             self.error = exc
-        finally:
+        with self._lock:
             self.done.set()
+            abandoned = self._abandoned
+        if abandoned and self.error is None and self.late is not None:
+            try:
+                self.late(self.result)
+            except Exception as exc:
+                logger.warning("worklease: undoing a late call failed: %r", exc)
 
 
 class _CleanupHelpers:

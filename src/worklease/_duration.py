@@ -5,10 +5,11 @@ from __future__ import annotations
 import math
 import re
 
+from ._validation import MAX_DURATION
+
 __all__ = ["format_duration", "glob_to_regex", "parse_duration"]
 
 _UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
-_MAX_SECONDS = 100 * 365 * 86400.0
 _PART = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d)")
 
 
@@ -39,7 +40,7 @@ def parse_duration(text: str) -> float:
         )
     if not math.isfinite(total) or total <= 0:
         raise ValueError(f"bad duration {text!r}: must be greater than zero")
-    if total > _MAX_SECONDS:
+    if total > MAX_DURATION:
         raise ValueError(f"bad duration {text!r}: longer than 100 years")
     return total
 

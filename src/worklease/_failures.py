@@ -5,9 +5,9 @@ from __future__ import annotations
 from datetime import datetime
 
 from ._models import Token
-from .errors import FencedError, LeaseExpiredError, LeaseHeldError
+from .errors import BackendError, FencedError, LeaseExpiredError, LeaseHeldError
 
-__all__ = ["fenced", "held", "lease_expired"]
+__all__ = ["closed", "fenced", "held", "lease_expired"]
 
 
 def fenced(token: Token, operation: str) -> FencedError:
@@ -35,3 +35,8 @@ def held(work_id: str, holder_id: str | None, expires_at: datetime | None) -> Le
         holder_id=holder_id,
         expires_at=expires_at,
     )
+
+
+def closed(operation: str) -> BackendError:
+    """What every operation of a closed backend raises (no I/O happens: not transient)."""
+    return BackendError(f"{operation}: the backend is closed")

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
 from ._acompat import ThreadRLock
-from ._failures import fenced, held, lease_expired
+from ._failures import closed, fenced, held, lease_expired
 from ._models import Checkpoint, ExitMode, Token
 from ._validation import check_exit_mode, check_work_id, distinct_work_ids, normalize_state
 from .errors import LeaseHeldError, LeaseLostError
@@ -77,6 +77,20 @@ class MemoryStore:
         self._lock = ThreadRLock()
         self._rows: dict[str, _Row] = {}
         self._last_token = 0
+        self._closed = False
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def close(self) -> None:
+        """Refuse every later operation (``BackendError``), like a closed PostgreSQL backend;
+        the rows stay readable through ``rows()``."""
+        self._closed = True
+
+    def _open(self, operation: str) -> None:
+        if self._closed:
+            raise closed(operation)
 
     def now(self) -> datetime:
         value = self._now()
@@ -86,6 +100,7 @@ class MemoryStore:
 
     def acquire(self, work_id: str, holder_id: str, ttl: float) -> Token:
         check_work_id(work_id)
+        self._open("acquire")
         with self._lock:
             now = self.now()
             expires_at = now + timedelta(seconds=ttl)
@@ -130,6 +145,7 @@ class MemoryStore:
     ) -> list[tuple[Token, Checkpoint]]:
         """Acquire every free work ID of ``work_ids`` in one step (held ones are left out)."""
         ids = distinct_work_ids(work_ids)
+        self._open("acquire_many")
         grants: list[tuple[Token, Checkpoint]] = []
         with self._lock:
             for work_id in ids:
@@ -142,6 +158,7 @@ class MemoryStore:
     def find_available(self, work_ids: Sequence[str]) -> list[str]:
         """The work IDs of ``work_ids`` that ``acquire`` would grant now, in input order."""
         ids = distinct_work_ids(work_ids)
+        self._open("find_available")
         with self._lock:
             now = self.now()
             return [
@@ -153,6 +170,7 @@ class MemoryStore:
     def renew_many(self, tokens: Sequence[Token], ttl: float) -> list[LeaseLostError | None]:
         """Renew every token in one step; per token ``None`` or the error ``renew`` raises."""
         distinct_work_ids([token.work_id for token in tokens])
+        self._open("renew_many")
         outcomes: list[LeaseLostError | None] = []
         with self._lock:
             for token in tokens:
@@ -176,6 +194,7 @@ class MemoryStore:
 
     def checkpoint(self, token: Token, state: object, ttl: float) -> None:
         data = normalize_state(state)
+        self._open("checkpoint")
         with self._lock:
             row = self._owned(token, "checkpoint")
             if row.exit_mode is not None:
@@ -188,6 +207,7 @@ class MemoryStore:
             row.updated_at = now
 
     def renew(self, token: Token, ttl: float) -> None:
+        self._open("renew")
         with self._lock:
             row = self._owned(token, "renew")
             now = self.now()
@@ -198,6 +218,7 @@ class MemoryStore:
 
     def release(self, token: Token, mode: ExitMode) -> None:
         declared = check_exit_mode(mode)
+        self._open("release")
         with self._lock:
             row = self._owned(token, "release")
             now = self.now()
@@ -210,6 +231,7 @@ class MemoryStore:
             self._on_release(token.work_id)
 
     def read_checkpoint(self, token: Token) -> Checkpoint:
+        self._open("read_checkpoint")
         with self._lock:
             row = self._rows.get(token.work_id)
             if row is None or row.fencing_token != token.fencing_token:
@@ -217,6 +239,7 @@ class MemoryStore:
             return Checkpoint(row.checkpoint, row.prev_exit, row.prev_holder_id)
 
     def forget(self, token: Token) -> None:
+        self._open("forget")
         with self._lock:
             self._owned(token, "forget")
             del self._rows[token.work_id]
@@ -225,6 +248,7 @@ class MemoryStore:
 
     def sweep(self, retention: float, include_expired: bool) -> int:
         keep_for = timedelta(seconds=retention)
+        self._open("sweep")
         with self._lock:
             now = self.now()
             doomed = [

@@ -67,8 +67,10 @@ class Token:
     systems to fence their writes. ``expires_at`` is the expiry the backend reported at
     acquisition and never moves (renewals extend the lease, not this value).
 
-    Backends build tokens; a lease seals the tokens it hands out and refuses tokens it did not
-    seal (``InvalidTokenError``).
+    Backends build tokens; ``acquire`` seals each token it hands out with the backend object it
+    came through. Every lease over that same backend object accepts the token (a holder
+    mismatch is the backend's ``FencedError``); a token built or altered by hand, or acquired
+    through another backend object, is refused with ``InvalidTokenError`` before any I/O.
     """
 
     __module__ = "worklease"

@@ -15,9 +15,10 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from importlib import resources
-from typing import Any
+from typing import Any, NamedTuple
 
 import psycopg
 from psycopg import errors as pg_errors
@@ -27,13 +28,37 @@ from ._failures import fenced, held, lease_expired
 from ._models import Checkpoint, ExitMode, Token
 from .errors import BackendError, ConfigError, LeaseLostError
 
-__all__ = ["Statements", "map_error", "schema_sql"]
+__all__ = [
+    "Grant",
+    "LeaseStatus",
+    "Rows",
+    "Statements",
+    "map_error",
+    "schema_sql",
+    "statement_timeout",
+]
+
+Rows = list[tuple[Any, ...]]
+"""The rows of a statement's last result, as psycopg returns them (tuples)."""
+
+_MAX_STATEMENT_TIMEOUT_MS = 2_147_483_647
+"""PostgreSQL's largest ``statement_timeout`` (an int of milliseconds, about 24.8 days)."""
+
+
+def statement_timeout(seconds: float) -> str:
+    """``seconds`` as a ``statement_timeout`` value: whole milliseconds, at least 1 (0 would
+    mean no timeout), at most what PostgreSQL accepts (a longer bound is no bound worth
+    having for one statement)."""
+    return str(min(max(int(seconds * 1000), 1), _MAX_STATEMENT_TIMEOUT_MS))
+
 
 TABLE = "worklease_leases"
 RELEASE_CHANNEL = "worklease_release"
 """The NOTIFY channel a release or forget announces its work ID on (at commit)."""
 SEQUENCE = "worklease_fencing_seq"
 _PIN = "SET TRANSACTION ISOLATION LEVEL READ COMMITTED; "
+_BOUND = "SELECT set_config('statement_timeout', %(statement_timeout)s, true); "
+"""Bounds the statements after it (in the same implicit transaction) server-side."""
 _MISSING_SCHEMA_HINT = (
     "the worklease schema is missing ({detail}); create it with "
     "`worklease migrate --dsn DSN` (or PostgresBackend.apply_schema(pool))"
@@ -144,15 +169,18 @@ SELECT false, NULL::bigint,
 FROM {{table}}
 WHERE work_id = %(work_id)s AND NOT EXISTS (SELECT 1 FROM granted)"""
         )
-        self.acquire = build(acquire.format(granted_extra="", held_extra=""))
+        plain = acquire.format(granted_extra="", held_extra="")
         # The same upsert returning what the new holder reads first: the runner's cycle then
         # needs no separate read.
-        self.acquire_reading = build(
-            acquire.format(
-                granted_extra=", checkpoint, prev_exit_mode, prev_holder_id",
-                held_extra=", NULL::bytea, NULL::text, NULL::text",
-            )
+        reading = acquire.format(
+            granted_extra=", checkpoint, prev_exit_mode, prev_holder_id",
+            held_extra=", NULL::bytea, NULL::text, NULL::text",
         )
+        self.acquire = build(plain)
+        self.acquire_reading = build(reading)
+        # Variants bounded by a statement timeout, for an acquire with a deadline.
+        self._acquire_bounded = build(_BOUND + plain)
+        self._acquire_reading_bounded = build(_BOUND + reading)
         # Batch statements: rows are locked in work_id order, so concurrent batches over
         # overlapping work IDs (from any number of processes) cannot deadlock; results come
         # back in input order (the ordinality of the input array).
@@ -290,27 +318,35 @@ ORDER BY work_id"""
 
     # -- results ------------------------------------------------------------------------------
 
+    def acquire_statement(self, *, reading: bool, bounded: bool) -> bytes:
+        """The acquire statement: returning the checkpoint too (``reading``), and bounded by
+        a ``statement_timeout`` parameter (``bounded``)."""
+        if reading:
+            return self._acquire_reading_bounded if bounded else self.acquire_reading
+        return self._acquire_bounded if bounded else self.acquire
+
     @staticmethod
-    def acquired(rows: list[tuple[Any, ...]], work_id: str, holder_id: str) -> Token:
-        if rows and rows[0][0]:
-            fencing_token, expires_at = rows[0][1], rows[0][2]
-            return Token(work_id, holder_id, int(fencing_token), _utc(expires_at))
-        if rows and rows[0][2] is not None:
-            expires_at, current_holder = rows[0][2], rows[0][3]
-            raise held(work_id, current_holder, _utc(expires_at))
+    def acquired(rows: Rows, work_id: str, holder_id: str, *, reading: bool) -> Grant:
+        """The outcome of an acquire statement: the grant, or ``LeaseHeldError``."""
+        row = _AcquireRow(*rows[0]) if rows else None
+        if row is not None and row.granted:
+            assert row.fencing_token is not None
+            assert row.expires_at is not None
+            token = Token(work_id, holder_id, int(row.fencing_token), _utc(row.expires_at))
+            prior = None
+            if reading:
+                prior = _checkpoint(row.checkpoint, row.prev_exit_mode, row.prev_holder_id)
+            return Grant(token, prior, row.schema)
+        if row is not None and row.expires_at is not None:
+            raise held(work_id, row.holder_id, _utc(row.expires_at))
         # Somebody acquired it concurrently: the row as this statement saw it names the
         # previous holder (or no row yet), not the winner, so report no holder at all.
         raise held(work_id, None, None)
 
     @staticmethod
-    def prior(rows: list[tuple[Any, ...]]) -> Checkpoint:
-        """The checkpoint an ``acquire_reading`` grant returned."""
-        state, prev_exit, prev_holder = rows[0][5:8]
-        return Checkpoint(
-            bytes(state) if state is not None else None,
-            ExitMode.from_stored(prev_exit),
-            prev_holder,
-        )
+    def current_schema(rows: Rows) -> str | None:
+        """The result of the ``SELECT current_schema()`` probe."""
+        return rows[0][0] if rows else None
 
     @staticmethod
     def written(rows: list[tuple[Any, ...]], token: Token, operation: str) -> None:
@@ -322,19 +358,20 @@ ORDER BY work_id"""
         raise fenced(token, operation)
 
     @staticmethod
-    def granted_many(rows: list[tuple[Any, ...]], holder_id: str) -> list[tuple[Token, Checkpoint]]:
-        """The grants of an ``acquire_many`` statement, in input order."""
-        return [
-            (
-                Token(work_id, holder_id, int(fencing_token), _utc(expires_at)),
-                Checkpoint(
-                    bytes(state) if state is not None else None,
-                    ExitMode.from_stored(prev_exit),
-                    prev_holder,
-                ),
+    def granted_many(
+        rows: Rows, holder_id: str
+    ) -> tuple[list[tuple[Token, Checkpoint]], str | None]:
+        """The grants of an ``acquire_many`` statement, in input order, and the schema the
+        statement resolved its table in (``None`` when nothing was granted)."""
+        grants: list[tuple[Token, Checkpoint]] = []
+        schema: str | None = None
+        for row in map(_GrantedRow._make, rows):
+            token = Token(row.work_id, holder_id, int(row.fencing_token), _utc(row.expires_at))
+            grants.append(
+                (token, _checkpoint(row.checkpoint, row.prev_exit_mode, row.prev_holder_id))
             )
-            for work_id, fencing_token, expires_at, state, prev_exit, prev_holder, _ in rows
-        ]
+            schema = row.schema
+        return grants, schema
 
     @staticmethod
     def renewed_many(
@@ -354,15 +391,83 @@ ORDER BY work_id"""
         return outcomes
 
     @staticmethod
-    def checkpoint_row(rows: list[tuple[Any, ...]], token: Token) -> Checkpoint:
-        if not rows or int(rows[0][0]) != token.fencing_token:
+    def checkpoint_row(rows: Rows, token: Token) -> Checkpoint:
+        row = _CheckpointRow(*rows[0]) if rows else None
+        if row is None or int(row.fencing_token) != token.fencing_token:
             raise fenced(token, "read_checkpoint")
-        _, state, prev_exit, prev_holder = rows[0]
-        return Checkpoint(
-            bytes(state) if state is not None else None,
-            ExitMode.from_stored(prev_exit),
-            prev_holder,
-        )
+        return _checkpoint(row.checkpoint, row.prev_exit_mode, row.prev_holder_id)
+
+    @staticmethod
+    def status_rows(rows: Rows) -> list[LeaseStatus]:
+        """The rows of a ``status`` statement."""
+        return [LeaseStatus(*row) for row in rows]
+
+
+# -- row layouts ----------------------------------------------------------------------------
+# One per statement result, in the column order of the statement above: parse by name, never
+# by position.
+
+
+class _AcquireRow(NamedTuple):
+    granted: bool
+    fencing_token: int | None
+    expires_at: datetime | None
+    holder_id: str | None
+    schema: str | None
+    checkpoint: bytes | None = None  # acquire_reading only
+    prev_exit_mode: str | None = None
+    prev_holder_id: str | None = None
+
+
+class _GrantedRow(NamedTuple):
+    work_id: str
+    fencing_token: int
+    expires_at: datetime
+    checkpoint: bytes | None
+    prev_exit_mode: str | None
+    prev_holder_id: str | None
+    schema: str | None
+
+
+class _CheckpointRow(NamedTuple):
+    fencing_token: int
+    checkpoint: bytes | None
+    prev_exit_mode: str | None
+    prev_holder_id: str | None
+
+
+class Grant(NamedTuple):
+    """An acquire's grant: the token, the checkpoint read with it (``None`` unless asked
+    for), and the schema the statement resolved its table in."""
+
+    token: Token
+    prior: Checkpoint | None
+    schema: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class LeaseStatus:
+    """One lease row as ``worklease status`` shows it."""
+
+    work_id: str
+    holder_id: str
+    fencing_token: int
+    state: str
+    """``held`` (expiry ahead), ``released`` (an exit was declared), ``expired``."""
+    exit_mode: str | None
+    prev_exit: str
+    prev_holder_id: str | None
+    expires_at: datetime
+    checkpoint_size: int | None
+    updated_at: datetime
+    expires_in: float
+    """Seconds until expiry (negative: since)."""
+
+
+def _checkpoint(state: bytes | None, prev_exit: str | None, prev_holder: str | None) -> Checkpoint:
+    return Checkpoint(
+        bytes(state) if state is not None else None, ExitMode.from_stored(prev_exit), prev_holder
+    )
 
 
 def _utc(value: datetime) -> datetime:

@@ -6,7 +6,14 @@ from collections.abc import Awaitable, Callable
 
 from ._models import Checkpoint, Token
 
-__all__ = ["AsyncTokenCallback", "AsyncWorkFn", "TokenCallback", "WorkFn"]
+__all__ = [
+    "AsyncRenewTogether",
+    "AsyncTokenCallback",
+    "AsyncWorkFn",
+    "RenewTogether",
+    "TokenCallback",
+    "WorkFn",
+]
 
 AsyncWorkFn = Callable[[Token, Checkpoint], Awaitable[bytes | None] | bytes | None]
 """An asyncio work function ``work(token, prior)`` (a plain function works too)."""
@@ -19,3 +26,10 @@ AsyncTokenCallback = Callable[[Token], Awaitable[object] | object]
 
 TokenCallback = Callable[[Token], object]
 """A callable taking a token (leader functions and callbacks)."""
+
+AsyncRenewTogether = Callable[[list[Token], list[int], float], Awaitable[list[Exception | None]]]
+"""Renews tokens in one backend call: ``renew(tokens, attempts, timeout)`` returns each
+token's outcome (``None``: renewed), each already reported to the observer."""
+
+RenewTogether = Callable[[list[Token], list[int], float], list[Exception | None]]
+"""The same for threads."""

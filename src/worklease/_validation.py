@@ -10,22 +10,36 @@ from ._models import ExitMode
 from .errors import ConfigError, InvalidExitModeError
 
 __all__ = [
+    "MAX_DURATION",
     "MAX_WORK_ID_BYTES",
     "MIN_TTL",
+    "backend_ttl",
     "check_exit_mode",
+    "check_flag",
     "check_holder_id",
     "check_ttl",
     "check_work_id",
+    "distinct_work_ids",
+    "non_negative_seconds",
     "normalize_state",
+    "positive_seconds",
     "state_size",
     "to_seconds",
 ]
 
 MAX_WORK_ID_BYTES = 1024
-"""Longest work ID accepted, in UTF-8 bytes."""
+"""Longest work ID (and holder ID) accepted, in UTF-8 bytes."""
 
 MIN_TTL = 0.001
 """Shortest lease TTL accepted, in seconds."""
+
+MAX_DURATION = 100 * 365 * 86400.0
+"""Longest duration any parameter accepts, in seconds (100 years).
+
+It keeps every deadline, timer and stored expiry representable: a lease row expiring in 100
+years is still a ``datetime`` Python can read back, and a wait that long is within what
+threads and event loops accept.
+"""
 
 StateLike = bytes | bytearray | memoryview
 
@@ -39,34 +53,88 @@ def to_seconds(value: object, name: str) -> float:
         return value.total_seconds()
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise TypeError(f"{name} must be a number of seconds or a timedelta, not {value!r}")
-    return float(value)
+    try:
+        return float(value)
+    except OverflowError:  # an int too large for a float
+        raise ValueError(f"{name} is out of range: {value!r}") from None
 
 
-def positive_seconds(value: object, name: str, *, minimum: float = 0.0) -> float:
-    """A finite duration greater than zero (and at least ``minimum``); ValueError otherwise."""
+def positive_seconds(
+    value: object, name: str, *, minimum: float = 0.0, maximum: float = MAX_DURATION
+) -> float:
+    """A finite duration greater than zero, at least ``minimum`` and at most ``maximum``
+    seconds; ``TypeError`` for a non-duration, ``ValueError`` for one out of range."""
     seconds = to_seconds(value, name)
     if not math.isfinite(seconds) or seconds <= 0 or seconds < minimum:
-        bound = f" of at least {minimum}s" if minimum else ""
+        bound = f" of at least {minimum:g}s" if minimum else ""
         raise ValueError(f"{name} must be a finite positive duration{bound}, got {value!r}")
+    if seconds > maximum:
+        raise ValueError(f"{name} must be at most {maximum:g}s, got {value!r}")
     return seconds
 
 
+def non_negative_seconds(value: object, name: str, *, maximum: float = MAX_DURATION) -> float:
+    """A finite duration of zero or more, at most ``maximum`` seconds (a timeout)."""
+    seconds = to_seconds(value, name)
+    if not (math.isfinite(seconds) and seconds >= 0):
+        raise ValueError(f"{name} must be a finite non-negative duration, got {value!r}")
+    if seconds > maximum:
+        raise ValueError(f"{name} must be at most {maximum:g}s, got {value!r}")
+    return seconds
+
+
+def check_flag(value: object, name: str) -> bool:
+    """A real ``bool`` (``TypeError`` otherwise: a truthy string must never pass for True)."""
+    if not isinstance(value, bool):
+        raise TypeError(f"{name} must be True or False, not {value!r}")
+    return value
+
+
 def check_ttl(value: object) -> float:
-    """Validate a lease TTL: a finite number of seconds of at least 1 ms."""
+    """Validate a lease TTL: a finite number of seconds from 1 ms to ``MAX_DURATION``."""
     try:
         return positive_seconds(value, "ttl", minimum=MIN_TTL)
     except (TypeError, ValueError) as exc:
         raise ConfigError(str(exc)) from None
 
 
+def backend_ttl(value: object) -> float:
+    """A TTL as a backend receives it: any finite number of seconds up to ``MAX_DURATION``
+    (a non-positive one yields an already-expired lease, a test affordance). Checked before
+    any I/O, so no backend writes an expiry it could not read back."""
+    seconds = to_seconds(value, "ttl")
+    if not math.isfinite(seconds) or seconds > MAX_DURATION:
+        raise ValueError(
+            f"ttl must be a finite duration of at most {MAX_DURATION:g}s, got {value!r}"
+        )
+    return seconds
+
+
+def _identifier_problem(value: str, what: str) -> str | None:
+    """Why ``value`` cannot be stored as a work or holder ID, or ``None``."""
+    if not value:
+        return f"{what} must not be empty"
+    if "\x00" in value:
+        return f"{what} must not contain a NUL character"
+    try:
+        size = len(value.encode("utf-8"))
+    except UnicodeEncodeError:
+        return f"{what} must be encodable as UTF-8 (no lone surrogates)"
+    if size > MAX_WORK_ID_BYTES:
+        return f"{what} is {size} bytes in UTF-8; the limit is {MAX_WORK_ID_BYTES} bytes"
+    return None
+
+
 def check_holder_id(value: object) -> str:
-    """Validate a holder ID: a non-empty string."""
+    """Validate a holder ID like a work ID (a non-empty ``str`` of at most 1024 UTF-8 bytes,
+    no NUL, encodable); ``ConfigError`` otherwise."""
     if not isinstance(value, str):
         raise ConfigError(f"holder_id must be a str, not {type(value).__name__}")
-    if not value:
-        raise ConfigError("holder_id must not be empty: name this process (a pod name, say)")
-    if "\x00" in value:
-        raise ConfigError("holder_id must not contain a NUL character")
+    problem = _identifier_problem(value, "holder_id")
+    if problem is not None:
+        if not value:
+            problem += ": name this process (a pod name, say)"
+        raise ConfigError(problem)
     return value
 
 
@@ -77,18 +145,9 @@ def check_work_id(value: object) -> str:
     """
     if not isinstance(value, str):
         raise TypeError(f"work ID must be a str, not {type(value).__name__}")
-    if not value:
-        raise ValueError("work ID must not be empty")
-    if "\x00" in value:
-        raise ValueError("work ID must not contain a NUL character")
-    try:
-        size = len(value.encode("utf-8"))
-    except UnicodeEncodeError:
-        raise ValueError("work ID must be encodable as UTF-8 (no lone surrogates)") from None
-    if size > MAX_WORK_ID_BYTES:
-        raise ValueError(
-            f"work ID is {size} bytes in UTF-8; the limit is {MAX_WORK_ID_BYTES} bytes"
-        )
+    problem = _identifier_problem(value, "work ID")
+    if problem is not None:
+        raise ValueError(problem)
     return value
 
 

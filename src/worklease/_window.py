@@ -13,8 +13,9 @@ from dataclasses import dataclass
 
 from ._acompat import ThreadLock
 from ._models import Token
-from ._validation import to_seconds
+from ._validation import MAX_DURATION, to_seconds
 from .errors import (
+    ConfigError,
     InvalidTokenError,
     LeaseLostError,
     LeaseWindowExhaustedError,
@@ -33,8 +34,10 @@ class Backoff:
 
     The n-th retry waits ``base + uniform(0, jitter * base)`` where ``base`` starts at
     ``initial`` and doubles per retry up to ``maximum``. Out-of-range values are clamped, in
-    this order: ``initial`` or ``maximum`` not positive → 1 ms; ``jitter`` into [0, 1];
-    ``initial`` above ``maximum`` → ``maximum``. Durations are seconds or ``timedelta``.
+    this order: ``initial`` or ``maximum`` not positive → 1 ms, above ``MAX_DURATION`` (100
+    years, infinity included) → ``MAX_DURATION``; ``jitter`` into [0, 1]; ``initial`` above
+    ``maximum`` → ``maximum``. Durations are seconds or ``timedelta``; a value that is not a
+    number, or NaN, raises ``ConfigError``.
     """
 
     __module__ = "worklease"
@@ -46,15 +49,18 @@ class Backoff:
     def __init__(
         self, initial: float | object = 0.1, maximum: float | object = 5.0, jitter: float = 0.2
     ) -> None:
-        first = to_seconds(initial, "initial")
-        cap = to_seconds(maximum, "maximum")
+        try:
+            first = to_seconds(initial, "initial")
+            cap = to_seconds(maximum, "maximum")
+        except (TypeError, ValueError) as exc:
+            raise ConfigError(f"Backoff: {exc}") from None
+        if isinstance(jitter, bool) or not isinstance(jitter, int | float):
+            raise ConfigError(f"Backoff: jitter must be a number (a fraction), not {jitter!r}")
         spread = float(jitter)
         if math.isnan(first) or math.isnan(cap) or math.isnan(spread):
-            raise ValueError("backoff values must not be NaN")
-        if first <= 0:
-            first = _MIN_BACKOFF
-        if cap <= 0:
-            cap = _MIN_BACKOFF
+            raise ConfigError("backoff values must not be NaN")
+        first = min(first, MAX_DURATION) if first > 0 else _MIN_BACKOFF
+        cap = min(cap, MAX_DURATION) if cap > 0 else _MIN_BACKOFF
         spread = min(max(spread, 0.0), 1.0)
         first = min(first, cap)
         object.__setattr__(self, "initial", first)
@@ -156,8 +162,9 @@ class LeaseWindow:
     window is decided by the clock whenever anybody looks, so a stalled call cannot hide it.
     """
 
-    def __init__(self, token: Token, end: float) -> None:
+    def __init__(self, token: Token, end: float, clock: Callable[[], float] = monotonic) -> None:
         self.token = token
+        self._clock = clock
         self._lock = ThreadLock()
         self._end = end
         self._trying_since: float | None = None
@@ -176,7 +183,7 @@ class LeaseWindow:
     def cause(self, now: float | None = None) -> LeaseLostError | None:
         """The loss cause, latching window exhaustion if the window closed mid-renewal."""
         with self._lock:
-            return self._check(monotonic() if now is None else now)
+            return self._check(self._clock() if now is None else now)
 
     def _check(self, now: float) -> LeaseLostError | None:
         if self._cause is None and not self._stopped and self._end <= now:
@@ -201,7 +208,7 @@ class LeaseWindow:
     def remaining(self, now: float | None = None) -> float | None:
         """Seconds of guaranteed lease left; ``None`` once lost or stopped."""
         with self._lock:
-            now = monotonic() if now is None else now
+            now = self._clock() if now is None else now
             if self._stopped or self._check(now) is not None:
                 return None
             return max(self._end - now, 0.0)
@@ -226,7 +233,7 @@ class LeaseWindow:
     def renewed(self, call_start: float, ttl: float) -> bool:
         """Record a successful renewal; False if the lease was lost (or stopped) meanwhile."""
         with self._lock:
-            if self._check(monotonic()) is not None or self._stopped:
+            if self._check(self._clock()) is not None or self._stopped:
                 return False
             self._end = max(self._end, call_start + ttl)
             self._trying_since = None
@@ -260,7 +267,7 @@ class LeaseWindow:
     def stop(self, now: float | None = None) -> LeaseLostError | None:
         """Stop tracking; return the final cause, decided atomically with the stop."""
         with self._lock:
-            cause = self._check(monotonic() if now is None else now)
+            cause = self._check(self._clock() if now is None else now)
             self._stopped = True
             return cause
 

@@ -6,6 +6,7 @@ import dataclasses
 import json
 import types
 import typing
+import weakref
 from typing import Any, Generic, Protocol, TypeVar, overload
 
 from .errors import ConfigError
@@ -53,6 +54,8 @@ class JSONCodec(Generic[T]):
     def __init__(self, cls: type[T] | None = None) -> None:
         if cls is not None and not (isinstance(cls, type) and dataclasses.is_dataclass(cls)):
             raise ConfigError(f"JSONCodec cls must be a dataclass type, not {cls!r}")
+        if cls is not None:
+            _resolve(cls)  # every type hint it (and its nested dataclasses) decodes through
         self._cls = cls
 
     def encode(self, value: T) -> bytes:
@@ -84,22 +87,66 @@ def _encode_default(value: object) -> object:
     raise TypeError(f"{type(value).__name__} is not JSON serializable")
 
 
+_HINTS: weakref.WeakKeyDictionary[type, dict[str, Any]] = weakref.WeakKeyDictionary()
+"""Resolved type hints of the dataclasses codecs decode into (filled when a codec is built)."""
+
+
+def _resolve(cls: type) -> None:
+    """Resolve the type hints of dataclass ``cls`` and of every dataclass they name."""
+    pending = [cls]
+    while pending:
+        current = pending.pop()
+        if current in _HINTS:
+            continue
+        try:
+            hints = typing.get_type_hints(current)
+        except Exception as exc:  # NameError, or anything an annotation raises
+            raise ConfigError(
+                f"JSONCodec cannot resolve the type hints of {current.__qualname__} "
+                f"({type(exc).__name__}: {exc}); define the dataclass (and the types its "
+                "fields name) at module level"
+            ) from None
+        _HINTS[current] = hints
+        pending.extend(_dataclasses_in(hints.values()))
+
+
+def _dataclasses_in(hints: typing.Iterable[Any]) -> list[type]:
+    found: list[type] = []
+    stack = list(hints)
+    while stack:
+        hint = stack.pop()
+        if isinstance(hint, type) and dataclasses.is_dataclass(hint):
+            found.append(hint)
+        stack.extend(arg for arg in typing.get_args(hint) if arg is not Ellipsis)
+    return found
+
+
 def _build(hint: Any, value: Any) -> Any:
     """Build a value of type ``hint`` from decoded JSON."""
     origin = typing.get_origin(hint)
     if isinstance(hint, type) and dataclasses.is_dataclass(hint):
         if not isinstance(value, dict):
             raise ValueError(f"expected an object for {hint.__qualname__}, got {value!r}")
-        hints = typing.get_type_hints(hint)
-        names = {f.name for f in dataclasses.fields(hint) if f.init}
-        unknown = set(value) - names
+        if hint not in _HINTS:
+            try:
+                _resolve(hint)
+            except ConfigError as exc:
+                raise ValueError(str(exc)) from None
+        hints = _HINTS[hint]
+        fields = {f.name: f for f in dataclasses.fields(hint)}
+        unknown = set(value) - set(fields)
         if unknown:
             raise ValueError(f"unknown fields for {hint.__qualname__}: {sorted(unknown)}")
-        kwargs = {key: _build(hints.get(key, Any), item) for key, item in value.items()}
+        built = {key: _build(hints.get(key, Any), item) for key, item in value.items()}
+        kwargs = {key: item for key, item in built.items() if fields[key].init}
         try:
-            return hint(**kwargs)
+            instance = hint(**kwargs)
         except TypeError as exc:
             raise ValueError(f"cannot build {hint.__qualname__}: {exc}") from exc
+        for key, item in built.items():
+            if not fields[key].init:  # set after construction (frozen ones too)
+                object.__setattr__(instance, key, item)
+        return instance
     if origin in (typing.Union, types.UnionType):
         if value is None and type(None) in typing.get_args(hint):
             return None

@@ -1,4 +1,4 @@
-"""The exception hierarchy shared by both flavours.
+"""The exception hierarchy shared by both flavours, and the rule for argument errors.
 
 ::
 
@@ -11,7 +11,9 @@
     │   └── PoolConfigError             every pool construction error
     │       ├── EmptyWorkIDsError
     │       ├── EmptyWorkIDError
-    │       └── DuplicateWorkIDError
+    │       ├── DuplicateWorkIDError
+    │       ├── PoolLeaseRequiredError  (also LeaseRequiredError)
+    │       └── PoolWorkFnRequiredError (also WorkFnRequiredError)
     ├── InvalidTokenError (also ValueError)  token not issued through this backend, or altered
     ├── LeaseHeldError                  acquire: somebody holds the lease
     ├── LeaseLostError                  the holder no longer owns the lease
@@ -24,6 +26,24 @@
     ├── BackendError                    a storage/driver failure (chained with ``raise ... from``)
     ├── Retire                          raised by a work function to retire its work ID
     └── PermanentError                  marks a pool slot failure as permanent
+
+Argument errors follow one rule, in both flavours and every backend:
+
+- **Building something raises** ``ConfigError`` (a subclass of it) for any option it cannot
+  use, when it is built and before any I/O: the constructors of ``Lease``, ``Runner``,
+  ``Leader``, ``Pool``, ``Vacuum``, the backends, ``Backoff`` and ``JSONCodec``, and the context
+  managers ``lease.hold()`` and ``lease.renewal()`` (their work ID included). Every pool
+  construction error is a ``PoolConfigError``. A value of the wrong type is a ``ConfigError``
+  too (not a ``TypeError``), so one ``except ConfigError`` catches every bad setting.
+- **Calling an operation raises** ``TypeError`` for an argument of the wrong type and
+  ``ValueError`` for an unusable value, before any I/O (``acquire``, ``checkpoint``,
+  ``release``, ``sweep``, ... and the backend methods). Named errors of operations are
+  ``ValueError`` subclasses: ``InvalidExitModeError``, ``InvalidTokenError``, and
+  ``RetentionRequiredError`` (a ``ConfigError``, as the Go library has it).
+- **Durations** are ``float``/``int`` seconds or a ``timedelta``: finite, within the range
+  each parameter documents, and never longer than ``MAX_DURATION`` (100 years), so no
+  deadline, timer or stored expiry can overflow. Flags (``wait``, ``include_expired``, ...)
+  must be real ``bool`` values: a truthy string is refused, never guessed.
 
 Match errors by type; message texts are not part of the compatibility promise.
 """
@@ -55,6 +75,8 @@ __all__ = [
     "LeaseWindowExhaustedError",
     "PermanentError",
     "PoolConfigError",
+    "PoolLeaseRequiredError",
+    "PoolWorkFnRequiredError",
     "RetentionRequiredError",
     "Retire",
     "WorkFnRequiredError",
@@ -119,6 +141,20 @@ class EmptyWorkIDError(PoolConfigError):
 
 class DuplicateWorkIDError(PoolConfigError):
     """A pool was given the same work ID twice."""
+
+    __module__ = "worklease"
+
+
+class PoolLeaseRequiredError(LeaseRequiredError, PoolConfigError):
+    """A pool was built without a lease (both a ``LeaseRequiredError`` and a
+    ``PoolConfigError``)."""
+
+    __module__ = "worklease"
+
+
+class PoolWorkFnRequiredError(WorkFnRequiredError, PoolConfigError):
+    """A pool was built without a work function (both a ``WorkFnRequiredError`` and a
+    ``PoolConfigError``)."""
 
     __module__ = "worklease"
 

@@ -7,7 +7,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
 from time import monotonic
-from typing import Protocol
+from typing import Any, Protocol
+
+from psycopg import AsyncConnection
 
 from tests._acompat import asleep, aspawn_all
 from worklease import (
@@ -22,7 +24,7 @@ from worklease import (
 from worklease._acompat import ThreadLock
 from worklease.testing import FakeClock
 
-__all__ = ["METHODS", "Call", "ScriptedBackend", "spin", "transient"]
+__all__ = ["METHODS", "Call", "ScriptedBackend", "lock_waiters", "spin", "transient"]
 
 StateLike = bytes | bytearray | memoryview
 
@@ -249,3 +251,13 @@ async def handed_over(
     assert await aspawn_all(step, 2) == [None, None]
     ((acquired, at),) = got
     return acquired, at - released[0]
+
+
+async def lock_waiters(conn: AsyncConnection[Any]) -> int:
+    """How many sessions of ``conn``'s database wait on a lock right now."""
+    cursor = await conn.execute(
+        "SELECT count(*) FROM pg_stat_activity"
+        " WHERE datname = current_database() AND wait_event_type = 'Lock'"
+    )
+    found = await cursor.fetchone()
+    return int(found[0]) if found else 0

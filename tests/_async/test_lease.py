@@ -309,11 +309,12 @@ async def test_l7_bad_work_id_before_any_io(
     error: type[Exception],
     wait: bool,
 ) -> None:
-    """L7: an invalid work ID raises TypeError/ValueError with no backend call, no event."""
+    """L7: an invalid work ID raises TypeError/ValueError with no backend call, no event;
+    hold() builds a context manager, so it raises ConfigError (the argument-error rule)."""
     with pytest.raises(error):
         await lease.acquire(work_id, wait=wait)  # type: ignore[arg-type]
-    with pytest.raises(error):
-        lease.hold(work_id)  # type: ignore[arg-type]
+    with pytest.raises(ConfigError):
+        lease.hold(work_id, wait=wait)  # type: ignore[arg-type]
     assert backend.calls == []
     assert observer.events == []
 
@@ -587,11 +588,12 @@ async def test_l15_default_interval_is_a_third_of_the_ttl(lease: AsyncLease) -> 
 
 
 async def test_l15_renewal_arguments(lease: AsyncLease) -> None:
-    """L15: a non-positive interval or a non-Backoff backoff is refused."""
+    """L15: a non-positive interval or a non-Backoff backoff is refused with ConfigError
+    (renewal() builds a context manager: the argument-error rule)."""
     token = await lease.acquire("w1")
-    with pytest.raises(ValueError):
+    with pytest.raises(ConfigError):
         lease.renewal(token, interval=0)
-    with pytest.raises(TypeError):
+    with pytest.raises(ConfigError):
         lease.renewal(token, backoff=(0.1, 5.0, 0.2))  # type: ignore[arg-type]
 
 

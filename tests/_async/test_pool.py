@@ -33,6 +33,8 @@ from worklease import (
     LeaseRequiredError,
     PermanentError,
     PoolConfigError,
+    PoolLeaseRequiredError,
+    PoolWorkFnRequiredError,
     Retire,
     Token,
     WorkFnRequiredError,
@@ -232,9 +234,9 @@ def nothing(token: Token, prior: Checkpoint) -> None:
 @pytest.mark.parametrize(
     ("lease_given", "work", "work_ids", "expected"),
     [
-        (False, None, [], LeaseRequiredError),
-        (True, None, [], WorkFnRequiredError),
-        (True, "not callable", ["a"], WorkFnRequiredError),
+        (False, None, [], PoolLeaseRequiredError),
+        (True, None, [], PoolWorkFnRequiredError),
+        (True, "not callable", ["a"], PoolWorkFnRequiredError),
         (True, nothing, [], EmptyWorkIDsError),
         (True, nothing, ["a", "", "a"], EmptyWorkIDError),
         (True, nothing, ["a", "b", "a"], DuplicateWorkIDError),
@@ -266,14 +268,19 @@ async def test_construction_errors(
     expected: type[ConfigError],
 ) -> None:
     """Construction errors, checked in the order lease, work, empty list, empty ID,
-    duplicate; all are ConfigError and ValueError, the ID ones PoolConfigError."""
+    duplicate; every one is a PoolConfigError (the Go contract), a ConfigError and a
+    ValueError; the missing lease and work function are LeaseRequiredError and
+    WorkFnRequiredError too."""
     with pytest.raises(expected) as caught:
         AsyncPool(memory_lease if lease_given else None, work_ids, work)  # type: ignore[arg-type]
     assert type(caught.value) is expected
+    assert isinstance(caught.value, PoolConfigError)
     assert isinstance(caught.value, ConfigError)
     assert isinstance(caught.value, ValueError)
-    if expected not in (LeaseRequiredError, WorkFnRequiredError):
-        assert isinstance(caught.value, PoolConfigError)
+    if expected is PoolLeaseRequiredError:
+        assert isinstance(caught.value, LeaseRequiredError)
+    if expected is PoolWorkFnRequiredError:
+        assert isinstance(caught.value, WorkFnRequiredError)
 
 
 @pytest.mark.parametrize(

@@ -41,6 +41,8 @@ from worklease import (
 from worklease.observers import ReadCheckpointEvent
 from worklease.testing import RecordingObserver
 
+from .helpers import lock_waiters
+
 pytestmark = pytest.mark.postgres
 
 TTL = 30.0
@@ -617,15 +619,6 @@ async def test_runner_reads_the_prior_checkpoint_with_the_acquire(
     assert read.prev_exit is ExitMode.NONE
 
 
-async def _lock_waiters(conn: AsyncConnection[Any]) -> int:
-    cursor = await conn.execute(
-        "SELECT count(*) FROM pg_stat_activity"
-        " WHERE datname = current_database() AND wait_event_type = 'Lock'"
-    )
-    found = await cursor.fetchone()
-    return int(found[0]) if found else 0
-
-
 @pytest.mark.parametrize("rows", ["absent", "expired"])
 async def test_concurrent_acquire_many_no_deadlock_each_id_once(
     pool: AsyncConnectionPool[Any], postgres_dsn: str, rows: str
@@ -674,7 +667,7 @@ async def test_concurrent_acquire_many_no_deadlock_each_id_once(
                 holder = "bulk-holder-" + str(index)
                 return await backends[index].acquire_many(orders[index], holder, TTL)
             for _ in range(3000):
-                if await _lock_waiters(watcher) >= 2:
+                if await lock_waiters(watcher) >= 2:
                     break
                 await asleep(0.01)
             else:
@@ -753,7 +746,7 @@ async def test_concurrent_renew_many_no_deadlock(
             if index < 2:
                 return await backends[index].renew_many(orders[index], TTL)
             for _ in range(3000):
-                if await _lock_waiters(watcher) >= 2:
+                if await lock_waiters(watcher) >= 2:
                     break
                 await asleep(0.01)
             else:

@@ -21,6 +21,7 @@ from worklease import (
     FencedError,
     Token,
 )
+from worklease._async.watch import AsyncReleaseWatch
 
 from .helpers import handed_over
 
@@ -28,6 +29,12 @@ LONG = 30.0
 """A poll or idle interval no test may sit out."""
 PROMPT = 5.0
 """Upper bound for a wake-up that should come at the release."""
+
+
+def watching(memory: AsyncMemoryBackend, work_ids: Any) -> AsyncReleaseWatch:
+    watch = memory.watch_releases(work_ids)
+    assert watch is not None  # an open memory backend always watches
+    return watch
 
 
 @pytest.fixture
@@ -40,14 +47,14 @@ async def test_a_release_published_before_wait_is_reported_once(
     memory: AsyncMemoryBackend,
 ) -> None:
     hub = memory._hub
-    with memory.watch_releases(["a", "b"]) as watch:
+    with watching(memory, ["a", "b"]) as watch:
         hub.publish("b")
         assert await watch.wait(LONG) is True  # already there: no waiting
         assert await watch.wait(0.05) is False  # consumed by the previous wait
 
 
 async def test_other_work_ids_do_not_wake_a_watch(memory: AsyncMemoryBackend) -> None:
-    with memory.watch_releases(["a"]) as watch:
+    with watching(memory, ["a"]) as watch:
         memory._hub.publish("c")
         memory._hub.publish("A")
         assert await watch.wait(0.1) is False
@@ -56,8 +63,8 @@ async def test_other_work_ids_do_not_wake_a_watch(memory: AsyncMemoryBackend) ->
 async def test_a_publish_wakes_a_pending_wait_and_every_watch_on_the_id(
     memory: AsyncMemoryBackend,
 ) -> None:
-    first = memory.watch_releases(["a", "x"])
-    second = memory.watch_releases(["y", "a"])
+    first = watching(memory, ["a", "x"])
+    second = watching(memory, ["y", "a"])
     outcomes: list[tuple[bool, float]] = []
 
     async def step(index: int) -> None:
@@ -78,8 +85,8 @@ async def test_a_publish_wakes_a_pending_wait_and_every_watch_on_the_id(
 
 async def test_close_unregisters_and_is_idempotent(memory: AsyncMemoryBackend) -> None:
     hub = memory._hub
-    watch = memory.watch_releases(["a", "b", "a"])
-    other = memory.watch_releases(["b"])
+    watch = watching(memory, ["a", "b", "a"])
+    other = watching(memory, ["b"])
     assert watch.work_ids == ("a", "b")
     assert hub.watched() == 2
     watch.close()
@@ -97,7 +104,7 @@ async def test_close_unregisters_and_is_idempotent(memory: AsyncMemoryBackend) -
 
 
 async def test_close_ends_a_pending_wait(memory: AsyncMemoryBackend) -> None:
-    watch = memory.watch_releases(["a"])
+    watch = watching(memory, ["a"])
     outcomes: list[tuple[bool, float]] = []
 
     async def step(index: int) -> None:
@@ -116,12 +123,12 @@ async def test_close_ends_a_pending_wait(memory: AsyncMemoryBackend) -> None:
 
 async def test_one_string_is_refused(memory: AsyncMemoryBackend) -> None:
     with pytest.raises(TypeError):
-        memory.watch_releases("abc")
+        watching(memory, "abc")
 
 
 async def test_a_watch_on_ten_thousand_work_ids(memory: AsyncMemoryBackend) -> None:
     ids = [f"job-{i:05d}" for i in range(10_000)]
-    with memory.watch_releases(ids) as watch:
+    with watching(memory, ids) as watch:
         assert memory._hub.watched() == 10_000
         memory._hub.publish("job-07777")
         assert await watch.wait(LONG) is True
@@ -140,7 +147,7 @@ async def test_release_and_forget_publish_only_when_they_happen(
     stale = await lease.acquire("job")
     await lease.release(stale, ExitMode.FINISHED)
     token = await lease.acquire("job")
-    with memory.watch_releases(["job"]) as watch:
+    with watching(memory, ["job"]) as watch:
         with pytest.raises(FencedError):
             await memory.release(stale, ExitMode.FINISHED)
         with pytest.raises(FencedError):

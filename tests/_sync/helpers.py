@@ -10,7 +10,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
 from time import monotonic
-from typing import Protocol
+from typing import Any, Protocol
+
+from psycopg import Connection
 
 from tests._acompat import sleep, spawn_all
 from worklease import (
@@ -25,7 +27,7 @@ from worklease import (
 from worklease._acompat import ThreadLock
 from worklease.testing import FakeClock
 
-__all__ = ["METHODS", "Call", "ScriptedBackend", "spin", "transient"]
+__all__ = ["METHODS", "Call", "ScriptedBackend", "lock_waiters", "spin", "transient"]
 
 StateLike = bytes | bytearray | memoryview
 
@@ -248,3 +250,13 @@ def handed_over(
     assert spawn_all(step, 2) == [None, None]
     ((acquired, at),) = got
     return acquired, at - released[0]
+
+
+def lock_waiters(conn: Connection[Any]) -> int:
+    """How many sessions of ``conn``'s database wait on a lock right now."""
+    cursor = conn.execute(
+        "SELECT count(*) FROM pg_stat_activity"
+        " WHERE datname = current_database() AND wait_event_type = 'Lock'"
+    )
+    found = cursor.fetchone()
+    return int(found[0]) if found else 0

@@ -44,6 +44,8 @@ from worklease import (
 from worklease.observers import ReadCheckpointEvent
 from worklease.testing import RecordingObserver
 
+from .helpers import lock_waiters
+
 pytestmark = pytest.mark.postgres
 
 TTL = 30.0
@@ -610,15 +612,6 @@ def test_runner_reads_the_prior_checkpoint_with_the_acquire(
     assert read.prev_exit is ExitMode.NONE
 
 
-def _lock_waiters(conn: Connection[Any]) -> int:
-    cursor = conn.execute(
-        "SELECT count(*) FROM pg_stat_activity"
-        " WHERE datname = current_database() AND wait_event_type = 'Lock'"
-    )
-    found = cursor.fetchone()
-    return int(found[0]) if found else 0
-
-
 @pytest.mark.parametrize("rows", ["absent", "expired"])
 def test_concurrent_acquire_many_no_deadlock_each_id_once(
     pool: ConnectionPool[Any], postgres_dsn: str, rows: str
@@ -667,7 +660,7 @@ def test_concurrent_acquire_many_no_deadlock_each_id_once(
                 holder = "bulk-holder-" + str(index)
                 return backends[index].acquire_many(orders[index], holder, TTL)
             for _ in range(3000):
-                if _lock_waiters(watcher) >= 2:
+                if lock_waiters(watcher) >= 2:
                     break
                 sleep(0.01)
             else:
@@ -744,7 +737,7 @@ def test_concurrent_renew_many_no_deadlock(pool: ConnectionPool[Any], postgres_d
             if index < 2:
                 return backends[index].renew_many(orders[index], TTL)
             for _ in range(3000):
-                if _lock_waiters(watcher) >= 2:
+                if lock_waiters(watcher) >= 2:
                     break
                 sleep(0.01)
             else:

@@ -24,6 +24,7 @@ from worklease import (
     MemoryBackend,
     Token,
 )
+from worklease._sync.watch import ReleaseWatch
 
 from .helpers import handed_over
 
@@ -31,6 +32,12 @@ LONG = 30.0
 """A poll or idle interval no test may sit out."""
 PROMPT = 5.0
 """Upper bound for a wake-up that should come at the release."""
+
+
+def watching(memory: MemoryBackend, work_ids: Any) -> ReleaseWatch:
+    watch = memory.watch_releases(work_ids)
+    assert watch is not None  # an open memory backend always watches
+    return watch
 
 
 @pytest.fixture
@@ -43,14 +50,14 @@ def test_a_release_published_before_wait_is_reported_once(
     memory: MemoryBackend,
 ) -> None:
     hub = memory._hub
-    with memory.watch_releases(["a", "b"]) as watch:
+    with watching(memory, ["a", "b"]) as watch:
         hub.publish("b")
         assert watch.wait(LONG) is True  # already there: no waiting
         assert watch.wait(0.05) is False  # consumed by the previous wait
 
 
 def test_other_work_ids_do_not_wake_a_watch(memory: MemoryBackend) -> None:
-    with memory.watch_releases(["a"]) as watch:
+    with watching(memory, ["a"]) as watch:
         memory._hub.publish("c")
         memory._hub.publish("A")
         assert watch.wait(0.1) is False
@@ -59,8 +66,8 @@ def test_other_work_ids_do_not_wake_a_watch(memory: MemoryBackend) -> None:
 def test_a_publish_wakes_a_pending_wait_and_every_watch_on_the_id(
     memory: MemoryBackend,
 ) -> None:
-    first = memory.watch_releases(["a", "x"])
-    second = memory.watch_releases(["y", "a"])
+    first = watching(memory, ["a", "x"])
+    second = watching(memory, ["y", "a"])
     outcomes: list[tuple[bool, float]] = []
 
     def step(index: int) -> None:
@@ -81,8 +88,8 @@ def test_a_publish_wakes_a_pending_wait_and_every_watch_on_the_id(
 
 def test_close_unregisters_and_is_idempotent(memory: MemoryBackend) -> None:
     hub = memory._hub
-    watch = memory.watch_releases(["a", "b", "a"])
-    other = memory.watch_releases(["b"])
+    watch = watching(memory, ["a", "b", "a"])
+    other = watching(memory, ["b"])
     assert watch.work_ids == ("a", "b")
     assert hub.watched() == 2
     watch.close()
@@ -100,7 +107,7 @@ def test_close_unregisters_and_is_idempotent(memory: MemoryBackend) -> None:
 
 
 def test_close_ends_a_pending_wait(memory: MemoryBackend) -> None:
-    watch = memory.watch_releases(["a"])
+    watch = watching(memory, ["a"])
     outcomes: list[tuple[bool, float]] = []
 
     def step(index: int) -> None:
@@ -119,12 +126,12 @@ def test_close_ends_a_pending_wait(memory: MemoryBackend) -> None:
 
 def test_one_string_is_refused(memory: MemoryBackend) -> None:
     with pytest.raises(TypeError):
-        memory.watch_releases("abc")
+        watching(memory, "abc")
 
 
 def test_a_watch_on_ten_thousand_work_ids(memory: MemoryBackend) -> None:
     ids = [f"job-{i:05d}" for i in range(10_000)]
-    with memory.watch_releases(ids) as watch:
+    with watching(memory, ids) as watch:
         assert memory._hub.watched() == 10_000
         memory._hub.publish("job-07777")
         assert watch.wait(LONG) is True
@@ -143,7 +150,7 @@ def test_release_and_forget_publish_only_when_they_happen(
     stale = lease.acquire("job")
     lease.release(stale, ExitMode.FINISHED)
     token = lease.acquire("job")
-    with memory.watch_releases(["job"]) as watch:
+    with watching(memory, ["job"]) as watch:
         with pytest.raises(FencedError):
             memory.release(stale, ExitMode.FINISHED)
         with pytest.raises(FencedError):

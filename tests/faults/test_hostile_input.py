@@ -219,14 +219,20 @@ def test_bad_work_ids_refused_before_any_io(backend: Backend, dsn: str | None) -
         bad: Any = work_id
         refused(partial(lease.acquire, bad), error)
         refused(partial(lease.acquire, bad, wait=True, timeout=1.0), error)
-        refused(partial(lease.hold, bad), error)
+        refused(partial(lease.hold, bad), ConfigError)  # a builder: the argument rule
         refused(partial(backend.acquire, bad, "holder", 30.0), error)
     assert observer.events == []  # the lease never called the backend
     assert stored(backend, dsn) == {}
 
 
 def test_bad_holder_ids_refused(backend: Backend) -> None:
-    for holder, error in [("", ConfigError), ("a\x00b", ConfigError), (5, ConfigError)]:
+    for holder, error in [
+        ("", ConfigError),
+        ("a\x00b", ConfigError),
+        (5, ConfigError),
+        ("\ud800", ConfigError),
+        ("h" * 1025, ConfigError),
+    ]:
         refused(partial(Lease, backend, holder_id=cast(Any, holder), ttl=30.0), error)
 
 

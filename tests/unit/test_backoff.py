@@ -9,7 +9,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from worklease import Backoff
+from worklease import Backoff, ConfigError
+from worklease._validation import MAX_DURATION
 
 
 @pytest.mark.parametrize(
@@ -57,16 +58,32 @@ def test_frozen_and_comparable() -> None:
     "values", [(math.nan, 1.0, 0.2), (0.1, math.nan, 0.2), (0.1, 1.0, math.nan)]
 )
 def test_nan_is_refused(values: tuple[float, float, float]) -> None:
-    with pytest.raises(ValueError):
+    """Backoff is built like every other option holder: a bad value is a ConfigError."""
+    with pytest.raises(ConfigError):
         Backoff(*values)
 
 
-@pytest.mark.parametrize("bad", ["1", None, True])
+@pytest.mark.parametrize("bad", ["1", None, True, 10**400])
 def test_non_durations_are_refused(bad: object) -> None:
-    with pytest.raises(TypeError):
+    with pytest.raises(ConfigError):
         Backoff(initial=bad)
-    with pytest.raises(TypeError):
+    with pytest.raises(ConfigError):
         Backoff(maximum=bad)
+
+
+@pytest.mark.parametrize("bad", ["0.2", None, True, timedelta(seconds=1)])
+def test_non_number_jitter_is_refused(bad: object) -> None:
+    with pytest.raises(ConfigError):
+        Backoff(jitter=bad)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("huge", [math.inf, 1e300, timedelta(days=999_999_999)])
+def test_durations_clamp_to_the_maximum(huge: object) -> None:
+    """Beyond MAX_DURATION (infinity included) clamps like the other out-of-range values, so
+    no retry wait can overflow a timer."""
+    backoff = Backoff(initial=huge, maximum=huge)
+    assert backoff.initial == backoff.maximum == MAX_DURATION
+    assert math.isfinite(backoff.delay(backoff.maximum))
 
 
 def test_delay_without_jitter_is_the_base() -> None:

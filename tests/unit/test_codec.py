@@ -204,3 +204,97 @@ def test_round_trip_property(value: object) -> None:
 def test_dataclass_round_trip_property(x: int, y: int) -> None:
     codec = JSONCodec(Point)
     assert codec.decode(codec.encode(Point(x, y))) == Point(x, y)
+
+
+# -- issue 11, defect 8 ---------------------------------------------------------------------
+
+
+@dataclass
+class Counted:
+    items: list[int]
+    total: int = field(init=False, default=0)
+
+    def __post_init__(self) -> None:
+        self.total = sum(self.items)
+
+
+@dataclass
+class Broken:
+    part: Missing  # type: ignore[name-defined]  # noqa: F821 - never defined, on purpose
+
+
+@dataclass
+class Wrapper:
+    parts: list[Broken]
+
+
+@dataclass(frozen=True)
+class Stamped:
+    name: str
+    revision: int = field(init=False, default=7)
+
+
+def test_init_false_fields_round_trip() -> None:
+    """Defect 8: a dataclass with an init=False field could not decode its own output."""
+    codec = JSONCodec(Counted)
+    value = Counted([1, 2, 3])
+    assert json.loads(codec.encode(value)) == {"items": [1, 2, 3], "total": 6}
+    assert codec.decode(codec.encode(value)) == value
+    stored = Counted([1])
+    stored.total = 99  # the stored value wins over what __post_init__ computes
+    assert codec.decode(codec.encode(stored)).total == 99  # type: ignore[union-attr]
+
+
+def test_init_false_field_of_a_frozen_dataclass_round_trips() -> None:
+    codec = JSONCodec(Stamped)
+    value = Stamped("a")
+    object.__setattr__(value, "revision", 12)
+    decoded = codec.decode(codec.encode(value))
+    assert decoded == value
+    assert decoded is not None
+    assert decoded.revision == 12
+
+
+def test_init_false_field_may_be_absent() -> None:
+    """Checkpoints written before the field existed still decode (the default applies)."""
+    assert JSONCodec(Counted).decode(b'{"items": [4]}') == Counted([4])
+
+
+def test_local_dataclass_with_resolvable_hints_works() -> None:
+    """Under ``from __future__ import annotations`` a dataclass defined in a function decodes
+    when its annotations name only module-level and builtin types."""
+
+    @dataclass
+    class Local:
+        origin: Point
+        names: list[str]
+
+    codec = JSONCodec(Local)
+    value = Local(Point(1, 2), ["a"])
+    assert codec.decode(codec.encode(value)) == value
+
+
+def test_unresolvable_hints_are_a_config_error_at_construction() -> None:
+    """Defect 8: a dataclass whose annotations name a type local to a function leaked a
+    NameError at decode time; now the codec refuses it when built, with ConfigError (a
+    ValueError), naming the fix."""
+
+    @dataclass
+    class Inner:
+        x: int
+
+    @dataclass
+    class Outer:
+        inner: Inner
+
+    with pytest.raises(ConfigError, match="module level") as caught:
+        JSONCodec(Outer)
+    assert isinstance(caught.value, ValueError)
+    assert not isinstance(caught.value, NameError)
+
+
+def test_nested_unresolvable_hints_are_found_at_construction() -> None:
+    """The check walks into the dataclasses a field names (here inside a list): the outer
+    hints resolve, the inner ones do not."""
+    with pytest.raises(ConfigError, match="Broken"):
+        JSONCodec(Wrapper)

@@ -2,11 +2,23 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
 from .._models import Checkpoint, ExitMode, Token
+from ..errors import LeaseLostError
+from .watch import AsyncReleaseWatching
 
-__all__ = ["AsyncBackend"]
+__all__ = [
+    "AsyncAcquireMany",
+    "AsyncAcquireWithCheckpoint",
+    "AsyncBackend",
+    "AsyncCapabilities",
+    "AsyncFindAvailable",
+    "AsyncRenewMany",
+    "AsyncReleaseWatching",
+]
 
 StateLike = bytes | bytearray | memoryview
 
@@ -78,3 +90,75 @@ class AsyncBackend(Protocol):
 
 
 AsyncBackend.__module__ = "worklease"  # set outside the body: not a protocol member
+
+
+# -- optional capabilities ------------------------------------------------------------------
+# A backend offers one by having the method; an attribute set to ``None`` does not count.
+
+
+@runtime_checkable
+class AsyncAcquireWithCheckpoint(Protocol):
+    """Acquires and returns the new holder's checkpoint in one step."""
+
+    async def acquire_with_checkpoint(
+        self, work_id: str, holder_id: str, ttl: float
+    ) -> tuple[Token, Checkpoint]: ...
+
+
+@runtime_checkable
+class AsyncRenewMany(Protocol):
+    """Renews many leases in one step; one outcome per token."""
+
+    async def renew_many(
+        self, tokens: Sequence[Token], ttl: float
+    ) -> list[LeaseLostError | None]: ...
+
+
+@runtime_checkable
+class AsyncFindAvailable(Protocol):
+    """Tells which work IDs an acquire would grant now, writing nothing."""
+
+    async def find_available(self, work_ids: Sequence[str]) -> list[str]: ...
+
+
+@runtime_checkable
+class AsyncAcquireMany(Protocol):
+    """Acquires every free work ID of a batch in one step."""
+
+    async def acquire_many(
+        self, work_ids: Sequence[str], holder_id: str, ttl: float
+    ) -> list[tuple[Token, Checkpoint]]: ...
+
+
+for _protocol in (
+    AsyncAcquireWithCheckpoint,
+    AsyncRenewMany,
+    AsyncFindAvailable,
+    AsyncAcquireMany,
+):
+    _protocol.__module__ = "worklease"
+
+
+@dataclass(frozen=True, slots=True)
+class AsyncCapabilities:
+    """The optional methods a backend offers, looked up once (when a lease is built).
+
+    Each field is the backend itself, typed as the capability, or ``None`` when it lacks it;
+    the library then falls back to the protocol's required methods.
+    """
+
+    acquire_with_checkpoint: AsyncAcquireWithCheckpoint | None
+    renew_many: AsyncRenewMany | None
+    find_available: AsyncFindAvailable | None
+    acquire_many: AsyncAcquireMany | None
+    watch_releases: AsyncReleaseWatching | None
+
+    @classmethod
+    def of(cls, backend: object) -> AsyncCapabilities:
+        return cls(
+            backend if isinstance(backend, AsyncAcquireWithCheckpoint) else None,
+            backend if isinstance(backend, AsyncRenewMany) else None,
+            backend if isinstance(backend, AsyncFindAvailable) else None,
+            backend if isinstance(backend, AsyncAcquireMany) else None,
+            backend if isinstance(backend, AsyncReleaseWatching) else None,
+        )

@@ -37,6 +37,8 @@ Notes
 from __future__ import annotations
 
 import dataclasses
+import inspect
+import math
 import time
 from datetime import UTC, datetime
 from typing import Any, ClassVar
@@ -45,6 +47,7 @@ import pytest
 
 from .._acompat import asleep
 from .._models import Checkpoint, ExitMode, Token
+from .._validation import MAX_DURATION
 from ..errors import (
     FencedError,
     InvalidExitModeError,
@@ -52,7 +55,15 @@ from ..errors import (
     LeaseHeldError,
     LeaseLostError,
 )
-from .backend import AsyncBackend
+from .backend import (
+    AsyncAcquireMany,
+    AsyncAcquireWithCheckpoint,
+    AsyncBackend,
+    AsyncCapabilities,
+    AsyncFindAvailable,
+    AsyncRenewMany,
+)
+from .watch import AsyncReleaseWatching
 
 __all__ = ["AsyncBackendConformance"]
 
@@ -625,10 +636,10 @@ class AsyncBackendConformance:
     @staticmethod
     def combined(backend: AsyncBackend) -> Any:
         """The backend's optional ``acquire_with_checkpoint``, or skip the test."""
-        method = getattr(backend, "acquire_with_checkpoint", None)
-        if method is None:
+        capable = AsyncCapabilities.of(backend).acquire_with_checkpoint
+        if capable is None:
             pytest.skip("the backend has no acquire_with_checkpoint (optional)")
-        return method
+        return capable.acquire_with_checkpoint
 
     async def test_acquire_with_checkpoint_on_first_acquisition(
         self, backend: AsyncBackend
@@ -680,10 +691,10 @@ class AsyncBackendConformance:
     @staticmethod
     def optional(backend: AsyncBackend, name: str) -> Any:
         """The backend's optional method ``name``, or skip the test."""
-        method = getattr(backend, name, None)
-        if method is None:
+        capable = getattr(AsyncCapabilities.of(backend), name)
+        if capable is None:
             pytest.skip(f"the backend has no {name} (optional)")
-        return method
+        return getattr(capable, name)
 
     async def test_acquire_many_grants_free_leaves_held_out(self, backend: AsyncBackend) -> None:
         """Extra: acquire_many grants the free work IDs and leaves held ones (by anybody,
@@ -997,3 +1008,67 @@ class AsyncBackendConformance:
                 await backend.checkpoint(token, state, self.NORMAL_TTL)  # type: ignore[arg-type]
         cp = await backend.read_checkpoint(token)
         assert cp.state == b"good"
+
+    # -- Extra: durations, flags and the optional capabilities ----------------------------------
+
+    BAD_TTLS: ClassVar[tuple[float, ...]] = (math.inf, -math.inf, math.nan, 1e12, MAX_DURATION * 2)
+    """TTLs no backend may write: an expiry it could not read back (or no number at all)."""
+
+    async def test_ttl_beyond_the_maximum_is_refused_before_any_io(
+        self, backend: AsyncBackend
+    ) -> None:
+        """Extra: a TTL that is not finite or longer than 100 years raises ValueError before
+        any I/O, for every write that takes one; nothing is stored or changed (a row expiring
+        in the year 33715 could be read back by nobody)."""
+        for ttl in self.BAD_TTLS:
+            with pytest.raises(ValueError):
+                await backend.acquire("w1", "h", ttl)
+        token = await self._assert_fresh(backend, "w1", "h2")
+        await backend.checkpoint(token, b"kept", self.NORMAL_TTL)
+        for ttl in self.BAD_TTLS:
+            with pytest.raises(ValueError):
+                await backend.checkpoint(token, b"lost", ttl)
+            with pytest.raises(ValueError):
+                await backend.renew(token, ttl)
+        assert (await backend.read_checkpoint(token)).state == b"kept"
+        await backend.renew(token, MAX_DURATION)  # the maximum itself is fine
+        with pytest.raises(LeaseHeldError):
+            await backend.acquire("w1", "h3", self.NORMAL_TTL)
+
+    async def test_sweep_flag_must_be_a_bool(self, backend: AsyncBackend) -> None:
+        """Extra: ``include_expired`` that is not a bool raises TypeError before any I/O (a
+        destructive flag is never read by truthiness); the lapsed row stays."""
+        await backend.acquire("lapsed", "h", self.EXPIRED_TTL)
+        await asleep(self.SWEEP_SETTLE)
+        for flag in ("false", "true", 0, 1, None):
+            with pytest.raises(TypeError):
+                await backend.sweep(self.TINY_RETENTION, flag)  # type: ignore[arg-type]
+        assert await self._sweep_old(backend, True) == 1
+
+    CAPABILITIES: ClassVar[tuple[tuple[str, type], ...]] = (
+        ("acquire_with_checkpoint", AsyncAcquireWithCheckpoint),
+        ("renew_many", AsyncRenewMany),
+        ("find_available", AsyncFindAvailable),
+        ("acquire_many", AsyncAcquireMany),
+        ("watch_releases", AsyncReleaseWatching),
+    )
+
+    async def test_optional_methods_match_their_protocols(self, backend: AsyncBackend) -> None:
+        """Extra: the backend satisfies the required protocol, and every optional method it
+        has matches its capability protocol: found by the library (``AsyncCapabilities``),
+        callable, with the protocol's parameters, of the flavour's kind (awaitable with
+        asyncio, except ``watch_releases``, which never waits)."""
+        assert isinstance(backend, AsyncBackend)
+        capabilities = AsyncCapabilities.of(backend)
+        for name, protocol in self.CAPABILITIES:
+            method = getattr(backend, name, None)
+            if method is None:
+                assert getattr(capabilities, name) is None
+                continue
+            assert isinstance(backend, protocol), f"{name} does not match {protocol.__name__}"
+            assert getattr(capabilities, name) is backend
+            assert callable(method)
+            expected = list(inspect.signature(getattr(protocol, name)).parameters)[1:]
+            assert list(inspect.signature(method).parameters) == expected, name
+            awaited = inspect.iscoroutinefunction(getattr(protocol, name))
+            assert inspect.iscoroutinefunction(method) == awaited, name

@@ -2,22 +2,37 @@
 
 from __future__ import annotations
 
-from datetime import timedelta
 from types import TracebackType
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from .._acompat import acleanup
 from .._models import Checkpoint, ExitMode, Token
+from .._options import AcquireOptions, HoldOptions, RenewalOptions
 from .._validation import normalize_state
-from .._window import Backoff, fresh
+from .._window import fresh
 from ..errors import FencedError, Retire
 from .backend import StateLike
 from .renewal import AsyncRenewal
 
-if TYPE_CHECKING:
-    from .lease import AsyncLease
+__all__ = ["AsyncHold", "HoldingLease", "finish"]
 
-__all__ = ["AsyncHold", "finish"]
+
+class HoldingLease(Protocol):
+    """What a hold needs of the lease it holds a work ID through."""
+
+    async def _acquire_with_prior(
+        self, work_id: str, options: AcquireOptions
+    ) -> tuple[Token, Checkpoint | None]: ...
+
+    async def read_checkpoint(self, token: Token) -> Checkpoint: ...
+
+    async def checkpoint(self, token: Token, state: StateLike | None) -> None: ...
+
+    async def release(self, token: Token, mode: ExitMode | str) -> None: ...
+
+    def _renewal(self, token: Token, options: RenewalOptions) -> AsyncRenewal: ...
+
+    def _given_up(self, token: Token) -> bool: ...
 
 
 class AsyncHold:
@@ -45,26 +60,16 @@ class AsyncHold:
 
     def __init__(
         self,
-        lease: AsyncLease,
+        lease: HoldingLease,
         work_id: str,
-        *,
-        wait: bool,
-        timeout: float | timedelta | None,
-        poll_interval: float | timedelta,
-        interval: float | timedelta | None,
-        backoff: Backoff | None,
-        cleanup_timeout: float,
+        options: HoldOptions,
         granted: tuple[Token, Checkpoint | None] | None = None,
     ) -> None:
         self._lease = lease
         self._granted = granted
         self._work_id = work_id
-        self._wait = wait
-        self._timeout = timeout
-        self._poll_interval = poll_interval
-        self._interval = interval
-        self._backoff = backoff
-        self._cleanup_timeout = cleanup_timeout
+        self._options = options
+        self._cleanup_timeout = options.cleanup_timeout
         self._token: Token | None = None
         self._prior: Checkpoint | None = None
         self._renewal: AsyncRenewal | None = None
@@ -115,16 +120,11 @@ class AsyncHold:
             token, prior = self._granted
             self._granted = None
         else:
-            token, prior = await lease._acquire_with_prior(
-                self._work_id,
-                wait=self._wait,
-                timeout=self._timeout,
-                poll_interval=self._poll_interval,
-            )
+            token, prior = await lease._acquire_with_prior(self._work_id, self._options.acquire)
         self._token = token
         try:
             self._prior = prior if prior is not None else await lease.read_checkpoint(token)
-            renewal = lease.renewal(token, interval=self._interval, backoff=self._backoff)
+            renewal = lease._renewal(token, self._options.renewal)
             await renewal.__aenter__()
         except Exception:
             raise  # the lease lapses after its TTL: the successor sees EXPIRED
@@ -169,7 +169,9 @@ class AsyncHold:
         return False
 
 
-async def finish(lease: AsyncLease, token: Token, state: StateLike | None, mode: ExitMode) -> None:
+async def finish(
+    lease: HoldingLease, token: Token, state: StateLike | None, mode: ExitMode
+) -> None:
     """Write the final state (if any), then release with ``mode``.
 
     A failed final write releases ABANDONED instead (the last good checkpoint stays) and

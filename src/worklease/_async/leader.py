@@ -7,7 +7,18 @@ from datetime import timedelta
 
 from .._acompat import AEvent, acall, acleanup
 from .._models import ExitMode, Token
-from .._pacing import WaitPacing, interval, jittered
+from .._options import (
+    DEFAULT_CLEANUP_TIMEOUT,
+    DEFAULT_POLL_INTERVAL,
+    RUNNER_NAMES,
+    check_callable,
+    check_callbacks,
+    check_instance,
+    configuring,
+    hold_options,
+    pacing,
+)
+from .._pacing import WaitPacing, jittered
 from .._types import AsyncTokenCallback
 from .._validation import check_work_id
 from .._window import Backoff
@@ -20,8 +31,8 @@ from ..errors import (
     WorkFnRequiredError,
 )
 from .hold import finish
-from .lease import DEFAULT_CLEANUP_TIMEOUT, DEFAULT_POLL_INTERVAL, AsyncLease
-from .watch import AsyncReleaseWatch, open_release_watch
+from .lease import AsyncLease
+from .watch import AsyncReleaseWatch
 
 __all__ = ["AsyncLeader"]
 
@@ -71,30 +82,19 @@ class AsyncLeader:
         renewal_interval: float | timedelta | None = None,
         renewal_backoff: Backoff | None = None,
     ) -> None:
-        if lease is None:
-            raise LeaseRequiredError("a lease is required")
-        try:
-            check_work_id(work_id)
-        except (TypeError, ValueError) as exc:
-            raise ConfigError(str(exc)) from None
-        for name, callback in (
-            ("on_elected", on_elected),
-            ("on_lost", on_lost),
-            ("on_relinquished", on_relinquished),
-        ):
-            if callback is not None and not callable(callback):
-                raise ConfigError(f"{name} must be callable")
-        self._lease = lease
-        self._work_id = work_id
-        self._idle_interval = interval(idle_interval, "idle_interval")
-        self._backoff_interval = interval(backoff_interval, "backoff_interval")
-        self._cleanup_timeout = interval(cleanup_timeout, "cleanup_timeout")
-        self._poll_interval = interval(poll_interval, "poll_interval")
-        self._renewal_interval = (
-            None if renewal_interval is None else interval(renewal_interval, "renewal_interval")
-        )
-        self._renewal_backoff = renewal_backoff
-        self._acquire_wait = acquire_wait
+        self._lease = check_instance(lease, AsyncLease, "lease", LeaseRequiredError)
+        with configuring(ConfigError):
+            self._work_id = check_work_id(work_id)
+            check_callbacks(on_elected=on_elected, on_lost=on_lost, on_relinquished=on_relinquished)
+            self._options = hold_options(
+                wait=acquire_wait,
+                poll_interval=poll_interval,
+                interval=renewal_interval,
+                backoff=renewal_backoff,
+                cleanup_timeout=cleanup_timeout,
+                names=RUNNER_NAMES,
+            )
+            self._pacing = pacing(idle_interval=idle_interval, backoff_interval=backoff_interval)
         self._on_elected = on_elected
         self._on_lost = on_lost
         self._on_relinquished = on_relinquished
@@ -142,9 +142,10 @@ class AsyncLeader:
     async def _acquire(self, watch: AsyncReleaseWatch | None) -> Token:
         """Acquire, waiting (stop-aware) when ``acquire_wait`` is set."""
         lease = self._lease
-        if not self._acquire_wait:
+        options = self._options.acquire
+        if not options.wait:
             return await lease.acquire(self._work_id)
-        pacing = WaitPacing(self._poll_interval)
+        pacing = WaitPacing(options.poll_interval)
         while True:
             try:
                 return await lease.acquire(self._work_id)
@@ -156,14 +157,14 @@ class AsyncLeader:
     async def _term(self, fn: AsyncTokenCallback) -> None:
         lease = self._lease
         # Opened before the attempt, so a release right after it still ends the wait.
-        watch = self._watch = open_release_watch(lease.backend, (self._work_id,))
+        watch = self._watch = lease._watch_releases((self._work_id,))
         try:
             token = await self._acquire(watch)
         except LeaseHeldError:
-            await self._pause(jittered(self._idle_interval), watch)
+            await self._pause(jittered(self._pacing.idle_interval), watch)
             raise
         except Exception:
-            await self._pause(self._backoff_interval)
+            await self._pause(self._pacing.backoff_interval)
             raise
         finally:
             self._watch = None
@@ -171,12 +172,12 @@ class AsyncLeader:
                 watch.close()
         try:
             await self._callback(self._on_elected, token)
-            renewal = lease.renewal(
-                token, interval=self._renewal_interval, backoff=self._renewal_backoff
-            )
+            renewal = lease._renewal(token, self._options.renewal)
         except BaseException as exc:  # cancelled before the term began: hand the lease back
             try:
-                await acleanup(self._cleanup_timeout, lease.release, token, ExitMode.ABANDONED)
+                await acleanup(
+                    self._options.cleanup_timeout, lease.release, token, ExitMode.ABANDONED
+                )
             except Exception as release_error:
                 exc.add_note(f"worklease: releasing leadership failed: {release_error!r}")
             raise
@@ -200,7 +201,7 @@ class AsyncLeader:
         if cause is not None:  # lapsed or window exhausted: record nothing
             if error is not None and not isinstance(error, Exception):
                 raise error
-            await self._pause(self._backoff_interval)
+            await self._pause(self._pacing.backoff_interval)
             if error is None:
                 raise _loss(cause)
             if isinstance(error, Retire):  # nothing was recorded: not a success
@@ -217,7 +218,7 @@ class AsyncLeader:
             mode = ExitMode.ABANDONED
         state = error.state if isinstance(error, Retire) else None
         try:
-            await acleanup(self._cleanup_timeout, finish, self._lease, token, state, mode)
+            await acleanup(self._options.cleanup_timeout, finish, self._lease, token, state, mode)
         except FencedError:
             if error is not None and not isinstance(error, Exception):
                 raise error from None  # a cancellation or interrupt must not be swallowed
@@ -225,7 +226,7 @@ class AsyncLeader:
         except Exception as release_error:
             if error is not None and not isinstance(error, Exception):
                 raise error  # noqa: B904 - a cancellation or interrupt: no pause
-            await self._pause(self._backoff_interval)
+            await self._pause(self._pacing.backoff_interval)
             if error is not None and not isinstance(error, Retire):
                 error.add_note(f"worklease: releasing leadership failed: {release_error!r}")
                 raise error  # noqa: B904 - the term's own error wins, its chain kept
@@ -234,7 +235,7 @@ class AsyncLeader:
             await self._callback(self._on_relinquished, token)
         if error is not None and not isinstance(error, Exception):
             raise error  # cancellation or interrupt: no pause
-        await self._pause(self._backoff_interval)
+        await self._pause(self._pacing.backoff_interval)
         if error is not None and not isinstance(error, Retire):
             raise error
 
@@ -255,9 +256,8 @@ class AsyncLeader:
             logger.exception("worklease leader callback %r raised", callback)
 
 
-def _check_fn(fn: object) -> None:
-    if fn is None or not callable(fn):
-        raise WorkFnRequiredError("a leader function is required")
+def _check_fn(fn: AsyncTokenCallback | None) -> None:
+    check_callable(fn, "leader function", WorkFnRequiredError)
 
 
 def _loss(cause: BaseException) -> BaseException:

@@ -4,56 +4,57 @@ from __future__ import annotations
 
 from datetime import timedelta
 
-from .._acompat import ThreadLock, abounded, aloop_key, asleep
-from .._models import Checkpoint, ExitMode, Operation, Token
+from .._acompat import abounded, asleep, awithin
+from .._deadline import bounded_by
+from .._models import Checkpoint, ExitMode, Token
+from .._options import (
+    DEFAULT_CLEANUP_TIMEOUT,
+    DEFAULT_POLL_INTERVAL,
+    AcquireOptions,
+    RenewalOptions,
+    acquire_options,
+    check_instance,
+    configuring,
+    hold_options,
+    renewal_options,
+)
 from .._pacing import WaitPacing
+from .._report import LeaseReporter
 from .._validation import (
     check_exit_mode,
     check_holder_id,
     check_ttl,
     check_work_id,
     normalize_state,
-    positive_seconds,
     state_size,
-    to_seconds,
 )
 from .._window import Backoff, TokenSeal, fresh, monotonic, seal_token, unseal
-from ..errors import (
-    BackendError,
-    BackendRequiredError,
-    ConfigError,
-    FencedError,
-    LeaseHeldError,
-    LeaseLostError,
-)
-from ..observers import (
-    AcquireEvent,
-    CheckpointEvent,
-    FencedEvent,
-    ForgetEvent,
-    LeaseObserver,
-    ReadCheckpointEvent,
-    ReleaseEvent,
-    RenewEvent,
-    notify,
-)
-from .backend import AsyncBackend, StateLike
+from ..errors import BackendError, BackendRequiredError, ConfigError, LeaseHeldError, LeaseLostError
+from ..observers import LeaseObserver
+from .backend import AsyncBackend, AsyncCapabilities, StateLike
 from .hold import AsyncHold
-from .renewal import AsyncRenewal, AsyncRenewer
-from .watch import open_release_watch
+from .renewal import AsyncRenewal, AsyncRenewals
+from .watch import AsyncReleaseWatch, open_release_watch
 
 __all__ = ["AsyncLease"]
 
-DEFAULT_POLL_INTERVAL = 2.0
-DEFAULT_CLEANUP_TIMEOUT = 5.0
+_ATTEMPT_FLOOR = 0.05
+"""Seconds an acquire attempt may always take, even at the end of a waiting acquire's
+timeout (a last attempt right at the deadline still gets a fair chance)."""
+
+_SERVER_FIRST = 0.05
+"""How much longer than a bounded attempt's own deadline the lease waits before abandoning
+it, so a backend bounding its own call (PostgreSQL's statement timeout) ends it first and
+cleanly."""
 
 
 class AsyncLease:
     """Acquires, renews, checkpoints and releases leases on work IDs for one holder.
 
     ``holder_id`` names this process (unique per process, e.g. a pod name); ``ttl`` is the
-    lease duration in seconds (or a ``timedelta``), at least 1 ms. ``observer`` receives an
-    event after every operation. One lease object may be shared by many tasks or threads.
+    lease duration in seconds (or a ``timedelta``), from 1 ms to 100 years. ``observer``
+    receives an event after every operation. One lease object may be shared by many tasks or
+    threads. Bad settings raise ``ConfigError`` here, before any I/O.
 
     Leases are not re-entrant: acquiring a work ID this holder already holds raises
     ``LeaseHeldError``.
@@ -71,14 +72,15 @@ class AsyncLease:
     ) -> None:
         if backend is None:
             raise BackendRequiredError("a backend is required")
-        if observer is not None and not isinstance(observer, LeaseObserver):
-            raise ConfigError("observer must be a LeaseObserver (subclass it)")
+        if observer is not None:
+            check_instance(observer, LeaseObserver, "observer (subclass it)", ConfigError)
         self._backend = backend
         self._holder_id = check_holder_id(holder_id)
         self._ttl = check_ttl(ttl)
         self._observer = observer if observer is not None else LeaseObserver()
-        self._renewers: dict[object, AsyncRenewer] = {}
-        self._renewers_lock = ThreadLock()
+        self._report = LeaseReporter(self._observer)
+        self._capabilities = AsyncCapabilities.of(backend)
+        self._renewals = AsyncRenewals(self._renew_together, self._ttl)
 
     @property
     def backend(self) -> AsyncBackend:
@@ -119,52 +121,48 @@ class AsyncLease:
         ``wait=True``, retries until acquired, waiting the poll interval or until the holder's
         expiry if that comes first (so a crashed holder's work is picked up right after it
         expires), or until the holder releases when the backend can tell (``watch_releases``);
-        ``timeout`` (seconds) bounds the wait and ends it with ``TimeoutError``.
-        An invalid work ID raises ``TypeError``/``ValueError`` before any I/O.
+        ``timeout`` (seconds) bounds the whole wait, the backend call in flight included
+        (it is abandoned, and on PostgreSQL cancelled server-side, at the deadline), and ends
+        it with ``TimeoutError``.
+        An invalid argument raises ``TypeError``/``ValueError`` before any I/O.
         """
         check_work_id(work_id)
-        poll = positive_seconds(poll_interval, "poll_interval")
-        limit: float | None = None
-        if timeout is not None:
-            if not wait:
-                raise ValueError("timeout applies to a waiting acquire: pass wait=True")
-            limit = to_seconds(timeout, "timeout")
-            if not limit >= 0:
-                raise ValueError(f"timeout must be a non-negative duration, got {timeout!r}")
-        token, _ = await self._acquire(work_id, wait, limit, poll, reading=False)
+        options = acquire_options(wait, timeout, poll_interval)
+        token, _ = await self._acquire(work_id, options, reading=False)
         return token
 
     async def _acquire_with_prior(
-        self,
-        work_id: str,
-        *,
-        wait: bool,
-        timeout: float | timedelta | None,
-        poll_interval: float | timedelta,
+        self, work_id: str, options: AcquireOptions
     ) -> tuple[Token, Checkpoint | None]:
         """Acquire, and read the checkpoint in the same step when the backend can (else the
         second item is ``None`` and the caller reads it)."""
         check_work_id(work_id)
-        poll = positive_seconds(poll_interval, "poll_interval")
-        limit = None if timeout is None else to_seconds(timeout, "timeout")
-        return await self._acquire(work_id, wait, limit, poll, reading=True)
+        return await self._acquire(work_id, options, reading=True)
 
     async def _acquire(
-        self, work_id: str, wait: bool, limit: float | None, poll: float, *, reading: bool
+        self, work_id: str, options: AcquireOptions, *, reading: bool
     ) -> tuple[Token, Checkpoint | None]:
+        if not options.wait:
+            return await self._acquire_once(work_id, reading, None)
+        limit = options.timeout
         deadline = None if limit is None else monotonic() + limit
-        pacing = WaitPacing(poll)
+        pacing = WaitPacing(options.poll_interval)
         # Opened before the first attempt, so a release right after a refused attempt still
         # ends the wait that follows it.
-        watch = open_release_watch(self._backend, (work_id,)) if wait else None
+        watch = self._watch_releases((work_id,))
         try:
             while True:
                 try:
-                    return await self._acquire_once(work_id, reading)
+                    return await self._acquire_once(work_id, reading, deadline)
                 except LeaseHeldError as held:
-                    if not wait:
-                        raise
                     last_held = held
+                except Exception as exc:
+                    if deadline is not None and monotonic() >= deadline:
+                        raise TimeoutError(
+                            f"work ID {work_id!r}: no answer from the backend within the "
+                            f"{limit:g}s timeout"
+                        ) from exc
+                    raise
                 delay = pacing.next_delay(last_held.expires_at)
                 if deadline is not None:
                     left = deadline - monotonic()
@@ -181,28 +179,40 @@ class AsyncLease:
             if watch is not None:
                 watch.close()
 
-    async def _acquire_once(self, work_id: str, reading: bool) -> tuple[Token, Checkpoint | None]:
-        start = monotonic()
-        prior: Checkpoint | None = None
-        combined = getattr(self._backend, "acquire_with_checkpoint", None) if reading else None
-        try:
-            if combined is not None:
-                raw, prior = await combined(work_id, self._holder_id, self._ttl)
+    async def _acquire_once(
+        self, work_id: str, reading: bool, deadline: float | None
+    ) -> tuple[Token, Checkpoint | None]:
+        """One acquire attempt, reported; bounded by ``deadline`` (monotonic) when given."""
+        combined = self._capabilities.acquire_with_checkpoint if reading else None
+        with self._report.acquire(work_id) as call:
+            start = call.start
+            if deadline is None:
+                raw, prior = await self._acquire_call(work_id, combined is not None)
             else:
-                raw = await self._backend.acquire(work_id, self._holder_id, self._ttl)
+                budget = max(deadline - start, _ATTEMPT_FLOOR)
+                with bounded_by(start + budget):
+                    raw, prior = await awithin(
+                        budget + _SERVER_FIRST,
+                        self._hand_back,
+                        self._acquire_call,
+                        work_id,
+                        combined is not None,
+                    )
             token = seal_token(raw, self._backend, start, self._ttl)
-        except Exception as exc:
-            notify(self._observer.on_acquire, AcquireEvent(work_id, None, monotonic() - start, exc))
-            raise
-        notify(self._observer.on_acquire, AcquireEvent(work_id, token, monotonic() - start, None))
-        if prior is not None:  # read in the same call: reported with no time of its own
-            notify(
-                self._observer.on_read_checkpoint,
-                ReadCheckpointEvent(
-                    token, prior.prev_exit, prior.prev_holder_id, state_size(prior.state), 0.0, None
-                ),
-            )
+            call.result = (token, prior)
         return token, prior
+
+    async def _acquire_call(self, work_id: str, reading: bool) -> tuple[Token, Checkpoint | None]:
+        combined = self._capabilities.acquire_with_checkpoint
+        if reading and combined is not None:
+            return await combined.acquire_with_checkpoint(work_id, self._holder_id, self._ttl)
+        return await self._backend.acquire(work_id, self._holder_id, self._ttl), None
+
+    async def _hand_back(self, granted: tuple[Token, Checkpoint | None]) -> None:
+        """Release a grant that arrived after its acquire was abandoned at the deadline
+        (nobody holds its token): the work ID is free again at once instead of after the
+        TTL. The checkpoint is kept; the successor sees ABANDONED."""
+        await self._backend.release(granted[0], ExitMode.ABANDONED)
 
     async def _acquire_available(
         self, work_ids: list[str]
@@ -213,35 +223,21 @@ class AsyncLease:
         (``acquire_many``) when it can; otherwise tries them one by one. Work IDs somebody
         holds are left out. Each grant is reported like a single acquire and read.
         """
-        backend = self._backend
-        find = getattr(backend, "find_available", None)
-        free = list(await find(work_ids)) if find is not None else list(work_ids)
+        capabilities = self._capabilities
+        find = capabilities.find_available
+        free = list(await find.find_available(work_ids)) if find is not None else list(work_ids)
         if not free:
             return []
-        many = getattr(backend, "acquire_many", None)
+        many = capabilities.acquire_many
         if many is None:
             return await self._acquire_each(free)
-        start = monotonic()
-        try:
-            raw = await many(free, self._holder_id, self._ttl)
+        with self._report.acquire_many(free) as call:
+            raw = await many.acquire_many(free, self._holder_id, self._ttl)
             grants: list[tuple[Token, Checkpoint | None]] = [
-                (seal_token(token, backend, start, self._ttl), prior) for token, prior in raw
+                (seal_token(token, self._backend, call.start, self._ttl), prior)
+                for token, prior in raw
             ]
-        except Exception as exc:
-            duration = monotonic() - start
-            for work_id in free:
-                notify(self._observer.on_acquire, AcquireEvent(work_id, None, duration, exc))
-            raise
-        duration = monotonic() - start
-        for token, prior in grants:
-            notify(self._observer.on_acquire, AcquireEvent(token.work_id, token, duration, None))
-            assert prior is not None
-            notify(
-                self._observer.on_read_checkpoint,
-                ReadCheckpointEvent(
-                    token, prior.prev_exit, prior.prev_holder_id, state_size(prior.state), 0.0, None
-                ),
-            )
+            call.result = grants
         return grants
 
     async def _acquire_each(self, work_ids: list[str]) -> list[tuple[Token, Checkpoint | None]]:
@@ -253,7 +249,7 @@ class AsyncLease:
             try:
                 # No read here when the backend could not return the checkpoint with the
                 # acquire: the slot's hold reads it (and a failed read is handled there).
-                grants.append(await self._acquire_once(work_id, True))
+                grants.append(await self._acquire_once(work_id, True, None))
             except LeaseHeldError:
                 continue
             except Exception as exc:
@@ -263,6 +259,10 @@ class AsyncLease:
             raise failure
         return grants
 
+    def _watch_releases(self, work_ids: tuple[str, ...]) -> AsyncReleaseWatch | None:
+        """A watch on ``work_ids`` when the backend reports releases, else ``None``."""
+        return open_release_watch(self._capabilities.watch_releases, work_ids)
+
     # -- reads --------------------------------------------------------------------------------
 
     async def read_checkpoint(self, token: Token) -> Checkpoint:
@@ -271,26 +271,8 @@ class AsyncLease:
         ``FencedError`` when the token was superseded or the row is gone.
         """
         unseal(token, self._backend)
-        start = monotonic()
-        try:
-            prior = await self._backend.read_checkpoint(token)
-        except Exception as exc:
-            notify(
-                self._observer.on_read_checkpoint,
-                ReadCheckpointEvent(token, ExitMode.NONE, None, 0, monotonic() - start, exc),
-            )
-            raise
-        notify(
-            self._observer.on_read_checkpoint,
-            ReadCheckpointEvent(
-                token,
-                prior.prev_exit,
-                prior.prev_holder_id,
-                state_size(prior.state),
-                monotonic() - start,
-                None,
-            ),
-        )
+        with self._report.read(token) as call:
+            prior = call.result = await self._backend.read_checkpoint(token)
         return prior
 
     # -- writes -------------------------------------------------------------------------------
@@ -303,10 +285,6 @@ class AsyncLease:
             raise fresh(cause)
         return seal
 
-    def _report_fenced(self, token: Token, operation: Operation, error: BaseException) -> None:
-        if isinstance(error, FencedError):
-            notify(self._observer.on_fenced, FencedEvent(token, operation, error))
-
     async def checkpoint(self, token: Token, state: StateLike | None) -> None:
         """Write ``state`` and extend the lease in one atomic step.
 
@@ -316,20 +294,10 @@ class AsyncLease:
         ``LeaseExpiredError`` after this holder released it.
         """
         data = normalize_state(state)
-        size = state_size(state)
         seal = self._writable(token)
-        start = monotonic()
-        try:
+        with self._report.checkpoint(token, state_size(state)) as call:
             await self._backend.checkpoint(token, data, self._ttl)
-        except Exception as exc:
-            duration = monotonic() - start
-            notify(self._observer.on_checkpoint, CheckpointEvent(token, size, duration, exc))
-            self._report_fenced(token, Operation.CHECKPOINT, exc)
-            raise
-        seal.extend(start, self._ttl)
-        notify(
-            self._observer.on_checkpoint, CheckpointEvent(token, size, monotonic() - start, None)
-        )
+            seal.extend(call.start, self._ttl)
 
     async def renew(self, token: Token) -> None:
         """Extend the lease by the TTL without touching the checkpoint.
@@ -338,21 +306,9 @@ class AsyncLease:
         released (only a checkpoint can revive a lapsed lease).
         """
         seal = self._writable(token)
-        start = monotonic()
-        await self._renew_once(token, 1, None)
-        seal.extend(start, self._ttl)
-
-    async def _renew_once(self, token: Token, attempt: int, timeout: float | None) -> None:
-        """One backend renewal, reported to the observer (used by renew and renewals)."""
-        start = monotonic()
-        try:
-            await abounded(timeout, self._backend.renew, token, self._ttl)
-        except Exception as exc:
-            duration = monotonic() - start
-            notify(self._observer.on_renew, RenewEvent(token, attempt, duration, exc))
-            self._report_fenced(token, Operation.RENEW, exc)
-            raise
-        notify(self._observer.on_renew, RenewEvent(token, attempt, monotonic() - start, None))
+        with self._report.renew(token, 1) as call:
+            await self._backend.renew(token, self._ttl)
+            seal.extend(call.start, self._ttl)
 
     async def release(self, token: Token, mode: ExitMode | str) -> None:
         """Record how this holder leaves and make the work ID acquirable at once.
@@ -366,18 +322,8 @@ class AsyncLease:
         declared = check_exit_mode(mode)
         seal = self._writable(token)
         seal.finished()  # the holder gives the lease up: stop renewing it first
-        start = monotonic()
-        try:
+        with self._report.release(token, declared):
             await self._backend.release(token, declared)
-        except Exception as exc:
-            duration = monotonic() - start
-            notify(self._observer.on_release, ReleaseEvent(token, declared, duration, exc))
-            self._report_fenced(token, Operation.RELEASE, exc)
-            raise
-        notify(
-            self._observer.on_release,
-            ReleaseEvent(token, declared, monotonic() - start, None),
-        )
 
     async def forget(self, token: Token) -> None:
         """Delete the work ID's row for good (also after this holder's own release).
@@ -386,14 +332,8 @@ class AsyncLease:
         lease moved on or the row is already gone.
         """
         unseal(token, self._backend).finished()  # stop renewing a row about to go
-        start = monotonic()
-        try:
+        with self._report.forget(token):
             await self._backend.forget(token)
-        except Exception as exc:
-            notify(self._observer.on_forget, ForgetEvent(token, monotonic() - start, exc))
-            self._report_fenced(token, Operation.FORGET, exc)
-            raise
-        notify(self._observer.on_forget, ForgetEvent(token, monotonic() - start, None))
 
     # -- renewal and hold ---------------------------------------------------------------------
 
@@ -407,13 +347,15 @@ class AsyncLease:
         """A background renewal of ``token``, run while its context manager is entered.
 
         ``interval`` defaults to a third of the TTL; ``backoff`` paces retries of transient
-        failures (default ``Backoff()``). See the renewal class for how loss is reported.
+        failures (default ``Backoff()``); bad values raise ``ConfigError``. See the renewal
+        class for how loss is reported.
         """
-        seal = self._writable(token)
-        every = self._ttl / 3 if interval is None else positive_seconds(interval, "interval")
-        if backoff is not None and not isinstance(backoff, Backoff):
-            raise TypeError(f"backoff must be a Backoff, not {type(backoff).__name__}")
-        return AsyncRenewal(self, token, seal, every, backoff or Backoff())
+        with configuring(ConfigError):
+            options = renewal_options(interval, backoff)
+        return self._renewal(token, options)
+
+    def _renewal(self, token: Token, options: RenewalOptions) -> AsyncRenewal:
+        return AsyncRenewal(self._renewals, token, self._writable(token), options)
 
     def hold(
         self,
@@ -426,66 +368,34 @@ class AsyncLease:
         backoff: Backoff | None = None,
         cleanup_timeout: float | timedelta = DEFAULT_CLEANUP_TIMEOUT,
     ) -> AsyncHold:
-        """Hold ``work_id`` for the duration of a ``with`` block (see the hold class)."""
-        check_work_id(work_id)
-        positive_seconds(poll_interval, "poll_interval")
-        if timeout is not None:
-            if not wait:
-                raise ValueError("timeout applies to a waiting acquire: pass wait=True")
-            if not to_seconds(timeout, "timeout") >= 0:
-                raise ValueError(f"timeout must be a non-negative duration, got {timeout!r}")
-        if interval is not None:
-            positive_seconds(interval, "interval")
-        if backoff is not None and not isinstance(backoff, Backoff):
-            raise TypeError(f"backoff must be a Backoff, not {type(backoff).__name__}")
-        return AsyncHold(
-            self,
-            work_id,
-            wait=wait,
-            timeout=timeout,
-            poll_interval=poll_interval,
-            interval=interval,
-            backoff=backoff,
-            cleanup_timeout=positive_seconds(cleanup_timeout, "cleanup_timeout"),
-        )
+        """Hold ``work_id`` for the duration of a ``with`` block (see the hold class).
 
-    def _renew_in_background(self, renewal: AsyncRenewal) -> None:
-        """Hand ``renewal`` to the worker renewing this lease object's renewals (one per
-        event loop), starting one if needed."""
-        key = aloop_key()
-        with self._renewers_lock:
-            renewer = self._renewers.get(key)
-            if renewer is None:
-                renewer = self._renewers[key] = AsyncRenewer(self, key)
-            renewer.add(renewal)
-
-    def _retire_renewer(self, key: object, renewer: AsyncRenewer) -> bool:
-        """End an idle renewer's worker and forget it, unless a renewal arrived meanwhile;
-        decided under the lock ``_renew_in_background`` takes, so no renewal is left with
-        a renewer whose worker ended."""
-        with self._renewers_lock:
-            if not renewer.retire_if_idle():
-                return False
-            if self._renewers.get(key) is renewer:
-                del self._renewers[key]
-            return True
-
-    def _forget_renewer(self, key: object, renewer: AsyncRenewer) -> None:
-        with self._renewers_lock:
-            if self._renewers.get(key) is renewer:
-                del self._renewers[key]
+        Bad arguments (the work ID included) raise ``ConfigError`` here, before any I/O.
+        """
+        with configuring(ConfigError):
+            check_work_id(work_id)
+            options = hold_options(
+                wait=wait,
+                timeout=timeout,
+                poll_interval=poll_interval,
+                interval=interval,
+                backoff=backoff,
+                cleanup_timeout=cleanup_timeout,
+            )
+        return AsyncHold(self, work_id, options)
 
     async def _renew_together(
         self, tokens: list[Token], attempts: list[int], timeout: float
     ) -> list[Exception | None]:
         """Renew ``tokens`` in one backend call when the backend can (else one by one);
         return each token's outcome (``None``: renewed), each reported to the observer."""
-        renew_many = getattr(self._backend, "renew_many", None)
+        renew_many = self._capabilities.renew_many
         if renew_many is None or len(tokens) == 1:
             outcomes: list[Exception | None] = []
             for token, attempt in zip(tokens, attempts, strict=True):
                 try:
-                    await self._renew_once(token, attempt, timeout)
+                    with self._report.renew(token, attempt):
+                        await abounded(timeout, self._backend.renew, token, self._ttl)
                 except Exception as exc:
                     outcomes.append(exc)
                 else:
@@ -494,7 +404,7 @@ class AsyncLease:
         start = monotonic()
         try:
             results: list[Exception | None] = list(
-                await abounded(timeout, renew_many, tokens, self._ttl)
+                await abounded(timeout, renew_many.renew_many, tokens, self._ttl)
             )
             if len(results) != len(tokens):
                 raise BackendError(
@@ -512,9 +422,7 @@ class AsyncLease:
         for token, attempt, outcome in zip(tokens, attempts, results, strict=True):
             if unseal(token, self._backend).given_up:
                 continue  # released or forgotten meanwhile: its renewal means nothing now
-            notify(self._observer.on_renew, RenewEvent(token, attempt, duration, outcome))
-            if outcome is not None:
-                self._report_fenced(token, Operation.RENEW, outcome)
+            self._report.renewed(token, attempt, duration, outcome)
         return results
 
     def _given_up(self, token: Token) -> bool:

@@ -17,27 +17,32 @@ from .._acompat import (
     aspawn,
 )
 from .._models import Checkpoint, ExitMode, Token
-from .._pacing import interval, is_permanent, jittered
+from .._options import (
+    DEFAULT_CLEANUP_TIMEOUT,
+    RUNNER_NAMES,
+    check_callable,
+    check_instance,
+    check_pool_work_ids,
+    configuring,
+    hold_options,
+    pacing,
+)
+from .._pacing import is_permanent, jittered
+from .._report import scan_report
 from .._types import AsyncWorkFn
-from .._validation import check_work_id
-from .._window import Backoff, monotonic
+from .._window import Backoff
 from ..errors import (
     AllSlotsDeadError,
-    ConfigError,
-    DuplicateWorkIDError,
-    EmptyWorkIDError,
-    EmptyWorkIDsError,
     FencedError,
     LeaseHeldError,
     LeaseLostError,
-    LeaseRequiredError,
     PoolConfigError,
+    PoolLeaseRequiredError,
+    PoolWorkFnRequiredError,
     Retire,
-    WorkFnRequiredError,
 )
 from ..observers import (
     PoolObserver,
-    ScanEvent,
     SlotAcquiredEvent,
     SlotBackoffEvent,
     SlotDeadEvent,
@@ -45,9 +50,9 @@ from ..observers import (
     SlotRetiredEvent,
     notify,
 )
-from .lease import DEFAULT_CLEANUP_TIMEOUT, AsyncLease
+from .lease import AsyncLease
 from .runner import AsyncRunner
-from .watch import AsyncReleaseHub, AsyncReleaseWatch, open_release_watch
+from .watch import AsyncReleaseHub, AsyncReleaseWatch
 
 __all__ = ["AsyncPool"]
 
@@ -109,23 +114,23 @@ class AsyncPool:
         renewal_interval: float | timedelta | None = None,
         renewal_backoff: Backoff | None = None,
     ) -> None:
-        if lease is None:
-            raise LeaseRequiredError("a lease is required")
-        if work is None or not callable(work):
-            raise WorkFnRequiredError("a work function is required")
-        self._work_ids = _check_work_ids(work_ids)
-        if observer is not None and not isinstance(observer, PoolObserver):
-            raise ConfigError("observer must be a PoolObserver (subclass it)")
-        self._lease = lease
-        self._work = work
-        self._idle_interval = interval(idle_interval, "idle_interval")
-        self._rerun_interval = interval(rerun_interval, "rerun_interval")
-        self._backoff_interval = interval(backoff_interval, "backoff_interval")
-        self._cleanup_timeout = interval(cleanup_timeout, "cleanup_timeout")
-        self._renewal_interval = (
-            None if renewal_interval is None else interval(renewal_interval, "renewal_interval")
-        )
-        self._renewal_backoff = renewal_backoff
+        self._lease = check_instance(lease, AsyncLease, "lease", PoolLeaseRequiredError)
+        self._work = check_callable(work, "work function", PoolWorkFnRequiredError)
+        self._work_ids = check_pool_work_ids(work_ids)
+        with configuring(PoolConfigError):
+            if observer is not None:
+                check_instance(observer, PoolObserver, "observer (subclass it)", PoolConfigError)
+            self._options = hold_options(
+                interval=renewal_interval,
+                backoff=renewal_backoff,
+                cleanup_timeout=cleanup_timeout,
+                names=RUNNER_NAMES,
+            )
+            self._pacing = pacing(
+                idle_interval=idle_interval,
+                backoff_interval=backoff_interval,
+                rerun_interval=rerun_interval,
+            )
         self._observer = observer if observer is not None else PoolObserver()
         self._lock = ThreadLock()
         self._active: set[str] = set()
@@ -178,20 +183,14 @@ class AsyncPool:
             self._done = set()
             self._claimed = set()
             self._unstarted = {}
-        runner = AsyncRunner(
-            self._lease,
-            self._adapter,
-            cleanup_timeout=self._cleanup_timeout,
-            renewal_interval=self._renewal_interval,
-            renewal_backoff=self._renewal_backoff,
-        )
+        runner = AsyncRunner._with_options(self._lease, self._adapter, self._options)
         try:
             try:
                 await self._scan_loop(runner)
                 await ajoin_all(self._live_workers())
             except BaseException:
                 self.stop()  # graceful: running slots release before we leave
-                await ajoin_all(self._live_workers(), self._cleanup_timeout + 1.0)
+                await ajoin_all(self._live_workers(), self._options.cleanup_timeout + 1.0)
                 raise
             finally:
                 await self._release_unstarted()
@@ -214,7 +213,7 @@ class AsyncPool:
         """Find and take free work IDs until stopped or every work ID is done."""
         # Without release reports from the backend, a watch on nothing still lets slots and
         # stop() end the wait.
-        watch = open_release_watch(self._lease.backend, self._work_ids)
+        watch = self._lease._watch_releases(self._work_ids)
         if watch is None:
             watch = AsyncReleaseHub().watch(())
         self._watch = watch
@@ -228,17 +227,17 @@ class AsyncPool:
                         for work_id in self._work_ids
                         if work_id not in self._claimed and work_id not in self._done
                     ]
-                delay = jittered(self._idle_interval)
+                delay = jittered(self._pacing.idle_interval)
                 if candidates:
                     try:
                         self._start_slots(runner, await self._scan(candidates))
                     except Exception as exc:
                         logger.warning(
                             "worklease pool scan failed; retrying in %gs: %s",
-                            self._backoff_interval,
+                            self._pacing.backoff_interval,
                             exc,
                         )
-                        delay = self._backoff_interval
+                        delay = self._pacing.backoff_interval
                 if self._stop.is_set():
                     return
                 await watch.wait(delay)  # a release of one of ours ends it early
@@ -247,18 +246,8 @@ class AsyncPool:
             watch.close()
 
     async def _scan(self, candidates: list[str]) -> list[tuple[Token, Checkpoint | None]]:
-        start = monotonic()
-        try:
-            grants = await self._lease._acquire_available(candidates)
-        except Exception as exc:
-            event = ScanEvent(len(candidates), (), monotonic() - start, exc)
-            notify(self._observer.on_scan, event)
-            raise
-        acquired = tuple(token.work_id for token, _ in grants)
-        notify(
-            self._observer.on_scan,
-            ScanEvent(len(candidates), acquired, monotonic() - start, None),
-        )
+        with scan_report(self._observer, len(candidates)) as call:
+            grants = call.result = await self._lease._acquire_available(candidates)
         return grants
 
     def _start_slots(
@@ -340,7 +329,7 @@ class AsyncPool:
             if self._stop.is_set():
                 return
             if error is None:
-                await self._pause(jittered(self._rerun_interval))
+                await self._pause(jittered(self._pacing.rerun_interval))
             elif isinstance(error, FencedError):
                 notify(observer.on_slot_lost, SlotLostEvent(work_id, error))
             elif is_permanent(error):
@@ -352,7 +341,7 @@ class AsyncPool:
             elif isinstance(error, LeaseHeldError):
                 return  # somebody else has it: the scan looks for it again
             else:
-                delay = self._backoff_interval
+                delay = self._pacing.backoff_interval
                 notify(observer.on_slot_backoff, SlotBackoffEvent(work_id, error, delay))
                 await self._pause(delay)
 
@@ -364,7 +353,7 @@ class AsyncPool:
         if not tokens:
             return
         try:
-            await acleanup(self._cleanup_timeout, self._release_all, tokens)
+            await acleanup(self._options.cleanup_timeout, self._release_all, tokens)
         except Exception as exc:
             logger.warning(
                 "worklease pool could not hand back %d work ID(s) it acquired as it stopped "
@@ -382,26 +371,3 @@ class AsyncPool:
 
     async def _pause(self, seconds: float) -> None:
         await self._stop.wait_timeout(seconds)
-
-
-def _check_work_ids(work_ids: Iterable[str]) -> tuple[str, ...]:
-    if isinstance(work_ids, str | bytes):
-        raise PoolConfigError("work_ids must be a collection of work IDs, not a single string")
-    try:
-        ids = tuple(work_ids)
-    except TypeError:
-        raise PoolConfigError("work_ids must be an iterable of work IDs") from None
-    if not ids:
-        raise EmptyWorkIDsError("a pool needs at least one work ID")
-    seen: set[str] = set()
-    for work_id in ids:
-        if work_id == "":
-            raise EmptyWorkIDError("a pool work ID must not be empty")
-        try:
-            check_work_id(work_id)
-        except (TypeError, ValueError) as exc:
-            raise PoolConfigError(f"invalid pool work ID {work_id!r}: {exc}") from None
-        if work_id in seen:
-            raise DuplicateWorkIDError(f"work ID {work_id!r} appears more than once")
-        seen.add(work_id)
-    return ids

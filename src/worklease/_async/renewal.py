@@ -14,26 +14,26 @@ from .._acompat import (
     AWorker,
     ThreadLock,
     aabandonable,
+    aloop_key,
     aspawn,
     aworker_alive,
 )
 from .._context import _current
 from .._models import Token
-from .._window import Backoff, LeaseWindow, TokenSeal, chain_loss, fresh, monotonic
-from ..errors import LeaseExpiredError, LeaseLapsedError, LeaseLostError
+from .._options import RenewalOptions
+from .._schedule import ScheduledRenewal, Settled, call_timeout, next_round, overdue, split_round
+from .._types import AsyncRenewTogether
+from .._window import LeaseWindow, TokenSeal, chain_loss, fresh, monotonic
+from ..errors import LeaseLostError
 
 if TYPE_CHECKING:
     from contextvars import Token as ContextToken
 
     from .._context import ActiveRenewal
-    from .lease import AsyncLease
 
-__all__ = ["AsyncRenewal", "AsyncRenewer"]
+__all__ = ["AsyncRenewal", "AsyncRenewals"]
 
 logger = logging.getLogger("worklease")
-
-_OVERDUE_GRACE = 0.01
-"""How long after a window's end a shared call in flight is checked for it."""
 
 
 class AsyncRenewal:
@@ -59,28 +59,20 @@ class AsyncRenewal:
 
     def __init__(
         self,
-        lease: AsyncLease,
+        renewals: AsyncRenewals,
         token: Token,
         seal: TokenSeal,
-        interval: float,
-        backoff: Backoff,
+        options: RenewalOptions,
     ) -> None:
-        self._lease = lease
+        self._renewals = renewals
         self._token = token
         self._seal = seal
-        self._interval = interval
-        self._backoff = backoff
-        self._window = LeaseWindow(token, seal.window_end)
+        self._schedule = ScheduledRenewal(token, seal, renewals.ttl, options)
+        self._window: LeaseWindow = self._schedule.window
         self._canceller = AHostCanceller()
         self._renewer: AsyncRenewer | None = None
-        self._due = 0.0
-        self._retrying = False
-        self._attempt = 1
-        self._base = backoff.initial
-        self._last_error: Exception | None = None
         self._context: ContextToken[ActiveRenewal | None] | None = None
         self._entered = False
-        self._stopped = False
 
     @property
     def token(self) -> Token:
@@ -90,7 +82,7 @@ class AsyncRenewal:
     @property
     def interval(self) -> float:
         """Seconds between renewal attempts."""
-        return self._interval
+        return self._schedule.interval
 
     @property
     def cause(self) -> LeaseLostError | None:
@@ -114,29 +106,26 @@ class AsyncRenewal:
 
     def stop(self) -> None:
         """Stop renewing, without waiting for an attempt in flight. Idempotent."""
-        if self._stopped:
+        schedule = self._schedule
+        if schedule.stopped:
             return
-        self._stopped = True
+        schedule.stopped = True
         self._window.stop()
         if self._renewer is not None:
             self._renewer.discard(self)
 
     def __repr__(self) -> str:
-        state = "lost" if self.lost else "stopped" if self._stopped else "active"
+        state = "lost" if self.lost else "stopped" if self._schedule.stopped else "active"
         return f"<{type(self).__name__} {state} {self._token!r}>"
 
     async def __aenter__(self) -> AsyncRenewal:
         if self._entered:
             raise RuntimeError("a renewal runs once; ask the lease for a new one")
         self._entered = True
-        self._window.start(self._seal.window_end)
-        now = monotonic()
-        # A window already closed at the start (a slow step between acquire and renewal):
-        # renew at once, to learn whether the lease is still held.
-        self._plan(now if self._window.end <= now else now + self._interval)
+        self._schedule.begin()
         self._canceller.bind()
         self._context = _current.set(self)
-        self._lease._renew_in_background(self)  # sets _renewer before stop() can be reached
+        self._renewals.add(self)  # sets _renewer before stop() can be reached
         self._seal.attach(self._window, self.stop)
         if self._seal.given_up:  # released or forgotten meanwhile, from another thread
             self.stop()
@@ -166,76 +155,69 @@ class AsyncRenewal:
 
     # -- driven by the lease's renewer ---------------------------------------------------------
 
-    def _plan(self, due: float) -> None:
-        self._due = due
-        self._window.schedule(due)
-
     def _settle(self, start: float, outcome: Exception | None) -> None:
         """Take the outcome of an attempt that began at ``start`` (``None``: renewed)."""
-        window = self._window
-        if self._stopped or window.stopped:  # released or stopped meanwhile: not a loss
-            return
-        ttl = self._lease.ttl
-        if outcome is None:
-            if window.renewed(start, ttl):
-                self._seal.extend(start, ttl)
-                self._retrying = False
-                self._attempt = 1
-                self._base = self._backoff.initial
-                self._plan(monotonic() + self._interval)
-            else:
-                self._lose(window.cause())
-            return
-        if isinstance(outcome, LeaseLostError):
-            self._lose(window.lose(self._lapsed(outcome)))
-            return
-        self._last_error = outcome
-        now = monotonic()
-        if window.window_closed(now):
-            self._lose(window.lose_by_window(outcome))
-            return
-        delay = min(self._backoff.delay(self._base), window.end - now)
-        self._base = self._backoff.next_base(self._base)
-        self._attempt += 1
-        self._retrying = True
-        self._plan(now + delay)
-
-    def _lapsed(self, error: LeaseLostError) -> LeaseLostError:
-        """The loss cause for a renewal the backend refused (fenced is reported as is)."""
-        if not isinstance(error, LeaseExpiredError) or isinstance(error, LeaseLapsedError):
-            return error
-        token = self._token
-        lapsed = LeaseLapsedError(
-            f"renewal found the lease on work ID {token.work_id!r} (holder "
-            f"{token.holder_id!r}, token {token.fencing_token}) already lapsed",
-            token=token,
-        )
-        lapsed.__cause__ = error
-        return lapsed
+        if self._schedule.settle(start, outcome) is Settled.LOST:
+            self._lose(self._window.cause())
 
     def _lose(self, cause: LeaseLostError | None) -> None:
         if self._renewer is not None:
             self._renewer.discard(self)
-        if cause is not None and not self._stopped:
+        if cause is not None and not self._schedule.stopped:
             self._canceller.cancel()
 
 
-class AsyncRenewer:
-    """Renews every running renewal of one lease object together.
+class AsyncRenewals:
+    """The renewers of one lease object: one per event loop with asyncio, one per process
+    with threads. ``renew`` renews a batch of tokens in one backend call (see
+    ``AsyncRenewTogether``); ``ttl`` is the lease's."""
 
-    One worker per lease object (per event loop with asyncio) waits until the earliest renewal
-    is due, then renews it together with every other renewal already past half its interval,
-    in one backend call (``renew_many`` when the backend has it, else one ``renew`` per
-    token). Renewals thus fall into step and the process sends one statement per renewal
-    interval, however many leases it holds. Each renewal keeps its own interval, window,
-    retries and loss: the outcome of the shared call is settled token by token.
+    def __init__(self, renew: AsyncRenewTogether, ttl: float) -> None:
+        self.renew = renew
+        self.ttl = ttl
+        self._lock = ThreadLock()
+        self._renewers: dict[object, AsyncRenewer] = {}
+
+    def add(self, renewal: AsyncRenewal) -> None:
+        """Hand ``renewal`` to the renewer of the running loop (or thread), starting one if
+        needed."""
+        key = aloop_key()
+        with self._lock:
+            renewer = self._renewers.get(key)
+            if renewer is None:
+                renewer = self._renewers[key] = AsyncRenewer(self, key)
+            renewer.add(renewal)
+
+    def retire(self, key: object, renewer: AsyncRenewer) -> bool:
+        """End an idle renewer's worker and forget it, unless a renewal arrived meanwhile;
+        decided under the lock ``add`` takes, so no renewal is left with a renewer whose
+        worker ended."""
+        with self._lock:
+            if not renewer.retire_if_idle():
+                return False
+            if self._renewers.get(key) is renewer:
+                del self._renewers[key]
+            return True
+
+    def forget(self, key: object, renewer: AsyncRenewer) -> None:
+        with self._lock:
+            if self._renewers.get(key) is renewer:
+                del self._renewers[key]
+
+
+class AsyncRenewer:
+    """Renews every running renewal of one lease object (on one loop) together.
+
+    One worker waits until the earliest renewal is due, then renews the round chosen by
+    ``next_round`` in one backend call. Each renewal keeps its own interval, window, retries
+    and loss: the outcome of the shared call is settled token by token.
     """
 
-    def __init__(self, lease: AsyncLease, key: object) -> None:
-        self._lease = lease
+    def __init__(self, renewals: AsyncRenewals, key: object) -> None:
+        self._renewals = renewals
         self._key = key
         self._lock = ThreadLock()
-        self._members: dict[AsyncRenewal, None] = {}
+        self._members: dict[ScheduledRenewal, AsyncRenewal] = {}
         self._wake = AEvent()
         self._worker: AWorker | None = None
         self._in_flight: set[AsyncRenewal] = set()
@@ -245,24 +227,23 @@ class AsyncRenewer:
         written under the lock together with the member snapshot, so no wake-up is lost."""
 
     def add(self, renewal: AsyncRenewal) -> None:
-        """Renew ``renewal`` from now on (called under the lease's renewer lock)."""
+        """Renew ``renewal`` from now on (called under the registry's lock)."""
         with self._lock:
-            self._members[renewal] = None
+            self._members[renewal._schedule] = renewal
             renewal._renewer = self
             if self._worker is None or not aworker_alive(self._worker):
                 self._wake = AEvent()
                 self._wakes_at = 0.0
                 self._worker = aspawn(self._run, name="worklease-renewals")
-            elif renewal._due >= self._wakes_at > 0.0:
+            elif renewal._schedule.due >= self._wakes_at > 0.0:
                 return  # the worker wakes before this one is due anyway
             wake = self._wake
         wake.set()
 
     def discard(self, renewal: AsyncRenewal) -> None:
         with self._lock:
-            if renewal not in self._members:
+            if self._members.pop(renewal._schedule, None) is None:
                 return
-            del self._members[renewal]
             wake = self._wake
             if renewal in self._in_flight:
                 self._in_flight.discard(renewal)
@@ -273,7 +254,7 @@ class AsyncRenewer:
         wake.set()  # nothing left: a worker that ends at once should not wait for a due
 
     def retire_if_idle(self) -> bool:
-        """End the worker if nothing is left to renew (under the lease's renewer lock)."""
+        """End the worker if nothing is left to renew (under the registry's lock)."""
         with self._lock:
             if self._members:
                 return False
@@ -286,7 +267,7 @@ class AsyncRenewer:
                 pass
         except Exception as exc:
             # A bug here must not leave a holder believing it holds a lease nobody renews.
-            logger.exception("worklease renewals of %r failed unexpectedly", self._lease)
+            logger.exception("worklease renewals failed unexpectedly")
             self._abort(exc)
         except BaseException as exc:
             # Cancelled (the event loop shuts down, or somebody cancels every task): nobody
@@ -296,9 +277,9 @@ class AsyncRenewer:
             raise
 
     def _abort(self, error: BaseException) -> None:
-        self._lease._forget_renewer(self._key, self)
+        self._renewals.forget(self._key, self)
         with self._lock:
-            members, self._members = list(self._members), {}
+            members, self._members = list(self._members.values()), {}
             self._worker = None
         for renewal in members:
             renewal._lose(renewal._window.lose_by_window(error))
@@ -309,61 +290,44 @@ class AsyncRenewer:
         with self._lock:
             wake = self._wake
             wake.clear()
-            for renewal in [r for r in self._members if r._stopped]:
-                del self._members[renewal]  # stopped before it was ever added (defensive)
-            members = list(self._members)
-            due = [renewal for renewal in members if renewal._due <= now]
-            if not members:
-                self._wakes_at = now + ARENEWER_LINGER
-            elif not due:
-                self._wakes_at = min(renewal._due for renewal in members)
+            for schedule in [s for s in self._members if s.stopped]:
+                del self._members[schedule]  # stopped before it was ever added (defensive)
+            schedules = list(self._members)
+            chosen, wakes_at = next_round(schedules, now)
+            if not chosen:
+                self._wakes_at = now + ARENEWER_LINGER if wakes_at is None else wakes_at
             else:
                 self._wakes_at = 0.0
-            wakes_at = self._wakes_at
-        if not due:
-            woken = await wake.wait_timeout(wakes_at - now)
+            waits_until = self._wakes_at
+            round_ = [self._members[schedule] for schedule in chosen]
+        if not round_:
+            woken = await wake.wait_timeout(waits_until - now)
             with self._lock:
                 self._wakes_at = 0.0  # awake: whatever is added gets looked at
-            if not members and not woken:
-                return not self._lease._retire_renewer(self._key, self)
+            if not schedules and not woken:
+                return not self._renewals.retire(self._key, self)
             return True
-        # Renewals more than half way to their next attempt join this one: renewing a little
-        # early costs nothing, and it brings every renewal into the same round.
-        joining = [
-            renewal
-            for renewal in members
-            if renewal._due > now
-            and not renewal._retrying
-            and renewal._due - renewal._interval / 2 <= now
-        ]
-        await self._round(due + joining)
+        await self._round(round_)
         return True
 
     def _overdue(self, batch: list[AsyncRenewal], lost: dict[AsyncRenewal, bool]) -> float | None:
         """While a call is in flight: take out the renewals whose window closed meanwhile, so
-        their holders learn it now rather than when the shared call ends, and return the
-        seconds until the next open window closes. Their holders are told at once unless
-        that leaves the call with nobody waiting for it: it is then abandoned first (see
-        ``_round``), so an abandoned call is always cancelled before its holders hear."""
-        now = monotonic()
-        soonest: float | None = None
-        for renewal in batch:
-            window = renewal._window
-            if renewal._stopped or window.stopped or renewal in lost:
-                continue
-            if window.end <= now:
-                if window.cause(now) is not None:  # latched: lost by window
-                    lost[renewal] = False  # not told yet
-                    self.discard(renewal)
-            elif soonest is None or window.end < soonest:
-                soonest = window.end
+        their holders learn it now rather than when the shared call ends; return the seconds
+        until the next check. Their holders are told at once unless that leaves the call with
+        nobody waiting for it: it is then abandoned first (see ``_round``), so an abandoned
+        call is always cancelled before its holders hear."""
+        schedules = {renewal._schedule: renewal for renewal in batch}
+        told = {renewal._schedule: flag for renewal, flag in lost.items()}
+        found, next_check = overdue(list(schedules), told, monotonic())
+        for schedule in found:
+            renewal = schedules[schedule]
+            lost[renewal] = False  # not told yet
+            self.discard(renewal)
         with self._lock:
             abandoning = not self._in_flight
         if not abandoning:
             self._tell(lost)
-        # Looked at a little after the window's end: a single renewal's own call bound (the
-        # same end) then gives up first and is cancelled before its holder hears.
-        return None if soonest is None else soonest - now + _OVERDUE_GRACE
+        return next_check
 
     @staticmethod
     def _tell(lost: dict[AsyncRenewal, bool]) -> None:
@@ -374,23 +338,15 @@ class AsyncRenewer:
 
     async def _round(self, renewals: list[AsyncRenewal]) -> None:
         start = monotonic()
-        batch: list[AsyncRenewal] = []
-        later: list[AsyncRenewal] = []
-        seen: set[str] = set()
-        for renewal in renewals:
-            window = renewal._window
-            if renewal._retrying and window.window_closed(start):
-                renewal._lose(window.lose_by_window(renewal._last_error))
-            elif renewal._token.work_id in seen:
-                later.append(renewal)  # one token per work ID per call
-            else:
-                seen.add(renewal._token.work_id)
-                batch.append(renewal)
-        if not batch:
+        by_schedule = {renewal._schedule: renewal for renewal in renewals}
+        batch_s, later_s, exhausted_s = split_round(list(by_schedule), start)
+        for schedule in exhausted_s:
+            renewal = by_schedule[schedule]
+            renewal._lose(renewal._window.lose_by_window(schedule.last_error))
+        if not batch_s:
             return
-        ttl = self._lease.ttl
-        lefts = [renewal._window.begin_attempt(start) for renewal in batch]
-        timeout = max(left if left > 0 else ttl for left in lefts)
+        batch = [by_schedule[schedule] for schedule in batch_s]
+        timeout = call_timeout(batch_s, start, self._renewals.ttl)
         with self._lock:
             self._in_flight = set(batch)
             self._abandon = abandon = AEvent()
@@ -399,9 +355,9 @@ class AsyncRenewer:
             outcomes = await aabandonable(
                 abandon,
                 lambda: self._overdue(batch, lost),
-                self._lease._renew_together,
-                [renewal._token for renewal in batch],
-                [renewal._attempt for renewal in batch],
+                self._renewals.renew,
+                [schedule.token for schedule in batch_s],
+                [schedule.attempt for schedule in batch_s],
                 timeout,
             )
         except Abandoned:
@@ -412,5 +368,5 @@ class AsyncRenewer:
             self._tell(lost)
         for renewal, outcome in zip(batch, outcomes, strict=True):
             renewal._settle(start, outcome)
-        if later:
-            await self._round(later)
+        if later_s:
+            await self._round([by_schedule[schedule] for schedule in later_s])

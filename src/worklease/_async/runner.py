@@ -6,12 +6,21 @@ from datetime import timedelta
 
 from .._acompat import acall
 from .._models import Checkpoint, Token
+from .._options import (
+    DEFAULT_CLEANUP_TIMEOUT,
+    DEFAULT_POLL_INTERVAL,
+    RUNNER_NAMES,
+    HoldOptions,
+    check_callable,
+    check_instance,
+    configuring,
+    hold_options,
+)
 from .._types import AsyncWorkFn
-from .._validation import positive_seconds
 from .._window import Backoff
 from ..errors import ConfigError, LeaseRequiredError, WorkFnRequiredError
 from .hold import AsyncHold
-from .lease import DEFAULT_CLEANUP_TIMEOUT, DEFAULT_POLL_INTERVAL, AsyncLease
+from .lease import AsyncLease
 
 __all__ = ["AsyncRunner"]
 
@@ -52,31 +61,29 @@ class AsyncRunner:
         renewal_interval: float | timedelta | None = None,
         renewal_backoff: Backoff | None = None,
     ) -> None:
-        if lease is None:
-            raise LeaseRequiredError("a lease is required")
-        if work is None or not callable(work):
-            raise WorkFnRequiredError("a work function is required")
-        try:
-            self._cleanup_timeout = positive_seconds(cleanup_timeout, "cleanup_timeout")
-            self._poll_interval = positive_seconds(poll_interval, "poll_interval")
-            self._renewal_interval = (
-                None
-                if renewal_interval is None
-                else positive_seconds(renewal_interval, "renewal_interval")
+        self._lease = check_instance(lease, AsyncLease, "lease", LeaseRequiredError)
+        self._work = check_callable(work, "work function", WorkFnRequiredError)
+        with configuring(ConfigError):
+            self._options = hold_options(
+                wait=acquire_wait,
+                timeout=acquire_timeout,
+                poll_interval=poll_interval,
+                interval=renewal_interval,
+                backoff=renewal_backoff,
+                cleanup_timeout=cleanup_timeout,
+                names=RUNNER_NAMES,
             )
-        except (TypeError, ValueError) as exc:
-            raise ConfigError(str(exc)) from None
-        if renewal_backoff is not None and not isinstance(renewal_backoff, Backoff):
-            raise ConfigError(
-                f"renewal_backoff must be a Backoff, not {type(renewal_backoff).__name__}"
-            )
-        if acquire_timeout is not None and not acquire_wait:
-            raise ConfigError("acquire_timeout applies only with acquire_wait=True")
-        self._lease = lease
-        self._work = work
-        self._acquire_wait = acquire_wait
-        self._acquire_timeout = acquire_timeout
-        self._renewal_backoff = renewal_backoff
+
+    @classmethod
+    def _with_options(
+        cls, lease: AsyncLease, work: AsyncWorkFn, options: HoldOptions
+    ) -> AsyncRunner:
+        """A runner with options checked already (a pool's)."""
+        runner = cls.__new__(cls)
+        runner._lease = lease
+        runner._work = work
+        runner._options = options
+        return runner
 
     @property
     def lease(self) -> AsyncLease:
@@ -88,15 +95,5 @@ class AsyncRunner:
 
     async def _run(self, work_id: str, granted: tuple[Token, Checkpoint | None] | None) -> None:
         """``run``, or with ``granted`` the same cycle on a lease acquired beforehand."""
-        async with AsyncHold(
-            self._lease,
-            work_id,
-            wait=self._acquire_wait,
-            timeout=self._acquire_timeout,
-            poll_interval=self._poll_interval,
-            interval=self._renewal_interval,
-            backoff=self._renewal_backoff,
-            cleanup_timeout=self._cleanup_timeout,
-            granted=granted,
-        ) as held:
+        async with AsyncHold(self._lease, work_id, self._options, granted) as held:
             held.finish_with(await acall(self._work, held.token, held.prior))

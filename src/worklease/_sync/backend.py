@@ -5,11 +5,23 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
 from .._models import Checkpoint, ExitMode, Token
+from ..errors import LeaseLostError
+from .watch import ReleaseWatching
 
-__all__ = ["Backend"]
+__all__ = [
+    "AcquireMany",
+    "AcquireWithCheckpoint",
+    "Backend",
+    "Capabilities",
+    "FindAvailable",
+    "RenewMany",
+    "ReleaseWatching",
+]
 
 StateLike = bytes | bytearray | memoryview
 
@@ -81,3 +93,73 @@ class Backend(Protocol):
 
 
 Backend.__module__ = "worklease"  # set outside the body: not a protocol member
+
+
+# -- optional capabilities ------------------------------------------------------------------
+# A backend offers one by having the method; an attribute set to ``None`` does not count.
+
+
+@runtime_checkable
+class AcquireWithCheckpoint(Protocol):
+    """Acquires and returns the new holder's checkpoint in one step."""
+
+    def acquire_with_checkpoint(
+        self, work_id: str, holder_id: str, ttl: float
+    ) -> tuple[Token, Checkpoint]: ...
+
+
+@runtime_checkable
+class RenewMany(Protocol):
+    """Renews many leases in one step; one outcome per token."""
+
+    def renew_many(self, tokens: Sequence[Token], ttl: float) -> list[LeaseLostError | None]: ...
+
+
+@runtime_checkable
+class FindAvailable(Protocol):
+    """Tells which work IDs an acquire would grant now, writing nothing."""
+
+    def find_available(self, work_ids: Sequence[str]) -> list[str]: ...
+
+
+@runtime_checkable
+class AcquireMany(Protocol):
+    """Acquires every free work ID of a batch in one step."""
+
+    def acquire_many(
+        self, work_ids: Sequence[str], holder_id: str, ttl: float
+    ) -> list[tuple[Token, Checkpoint]]: ...
+
+
+for _protocol in (
+    AcquireWithCheckpoint,
+    RenewMany,
+    FindAvailable,
+    AcquireMany,
+):
+    _protocol.__module__ = "worklease"
+
+
+@dataclass(frozen=True, slots=True)
+class Capabilities:
+    """The optional methods a backend offers, looked up once (when a lease is built).
+
+    Each field is the backend itself, typed as the capability, or ``None`` when it lacks it;
+    the library then falls back to the protocol's required methods.
+    """
+
+    acquire_with_checkpoint: AcquireWithCheckpoint | None
+    renew_many: RenewMany | None
+    find_available: FindAvailable | None
+    acquire_many: AcquireMany | None
+    watch_releases: ReleaseWatching | None
+
+    @classmethod
+    def of(cls, backend: object) -> Capabilities:
+        return cls(
+            backend if isinstance(backend, AcquireWithCheckpoint) else None,
+            backend if isinstance(backend, RenewMany) else None,
+            backend if isinstance(backend, FindAvailable) else None,
+            backend if isinstance(backend, AcquireMany) else None,
+            backend if isinstance(backend, ReleaseWatching) else None,
+        )

@@ -40,6 +40,8 @@ Notes
 from __future__ import annotations
 
 import dataclasses
+import inspect
+import math
 import time
 from datetime import UTC, datetime
 from typing import Any, ClassVar
@@ -48,6 +50,7 @@ import pytest
 
 from .._acompat import sleep
 from .._models import Checkpoint, ExitMode, Token
+from .._validation import MAX_DURATION
 from ..errors import (
     FencedError,
     InvalidExitModeError,
@@ -55,7 +58,15 @@ from ..errors import (
     LeaseHeldError,
     LeaseLostError,
 )
-from .backend import Backend
+from .backend import (
+    AcquireMany,
+    AcquireWithCheckpoint,
+    Backend,
+    Capabilities,
+    FindAvailable,
+    RenewMany,
+)
+from .watch import ReleaseWatching
 
 __all__ = ["BackendConformance"]
 
@@ -626,10 +637,10 @@ class BackendConformance:
     @staticmethod
     def combined(backend: Backend) -> Any:
         """The backend's optional ``acquire_with_checkpoint``, or skip the test."""
-        method = getattr(backend, "acquire_with_checkpoint", None)
-        if method is None:
+        capable = Capabilities.of(backend).acquire_with_checkpoint
+        if capable is None:
             pytest.skip("the backend has no acquire_with_checkpoint (optional)")
-        return method
+        return capable.acquire_with_checkpoint
 
     def test_acquire_with_checkpoint_on_first_acquisition(self, backend: Backend) -> None:
         """Extra: the combined acquire returns a token and the empty first checkpoint."""
@@ -679,10 +690,10 @@ class BackendConformance:
     @staticmethod
     def optional(backend: Backend, name: str) -> Any:
         """The backend's optional method ``name``, or skip the test."""
-        method = getattr(backend, name, None)
-        if method is None:
+        capable = getattr(Capabilities.of(backend), name)
+        if capable is None:
             pytest.skip(f"the backend has no {name} (optional)")
-        return method
+        return getattr(capable, name)
 
     def test_acquire_many_grants_free_leaves_held_out(self, backend: Backend) -> None:
         """Extra: acquire_many grants the free work IDs and leaves held ones (by anybody,
@@ -994,3 +1005,65 @@ class BackendConformance:
                 backend.checkpoint(token, state, self.NORMAL_TTL)  # type: ignore[arg-type]
         cp = backend.read_checkpoint(token)
         assert cp.state == b"good"
+
+    # -- Extra: durations, flags and the optional capabilities ----------------------------------
+
+    BAD_TTLS: ClassVar[tuple[float, ...]] = (math.inf, -math.inf, math.nan, 1e12, MAX_DURATION * 2)
+    """TTLs no backend may write: an expiry it could not read back (or no number at all)."""
+
+    def test_ttl_beyond_the_maximum_is_refused_before_any_io(self, backend: Backend) -> None:
+        """Extra: a TTL that is not finite or longer than 100 years raises ValueError before
+        any I/O, for every write that takes one; nothing is stored or changed (a row expiring
+        in the year 33715 could be read back by nobody)."""
+        for ttl in self.BAD_TTLS:
+            with pytest.raises(ValueError):
+                backend.acquire("w1", "h", ttl)
+        token = self._assert_fresh(backend, "w1", "h2")
+        backend.checkpoint(token, b"kept", self.NORMAL_TTL)
+        for ttl in self.BAD_TTLS:
+            with pytest.raises(ValueError):
+                backend.checkpoint(token, b"lost", ttl)
+            with pytest.raises(ValueError):
+                backend.renew(token, ttl)
+        assert (backend.read_checkpoint(token)).state == b"kept"
+        backend.renew(token, MAX_DURATION)  # the maximum itself is fine
+        with pytest.raises(LeaseHeldError):
+            backend.acquire("w1", "h3", self.NORMAL_TTL)
+
+    def test_sweep_flag_must_be_a_bool(self, backend: Backend) -> None:
+        """Extra: ``include_expired`` that is not a bool raises TypeError before any I/O (a
+        destructive flag is never read by truthiness); the lapsed row stays."""
+        backend.acquire("lapsed", "h", self.EXPIRED_TTL)
+        sleep(self.SWEEP_SETTLE)
+        for flag in ("false", "true", 0, 1, None):
+            with pytest.raises(TypeError):
+                backend.sweep(self.TINY_RETENTION, flag)  # type: ignore[arg-type]
+        assert self._sweep_old(backend, True) == 1
+
+    CAPABILITIES: ClassVar[tuple[tuple[str, type], ...]] = (
+        ("acquire_with_checkpoint", AcquireWithCheckpoint),
+        ("renew_many", RenewMany),
+        ("find_available", FindAvailable),
+        ("acquire_many", AcquireMany),
+        ("watch_releases", ReleaseWatching),
+    )
+
+    def test_optional_methods_match_their_protocols(self, backend: Backend) -> None:
+        """Extra: the backend satisfies the required protocol, and every optional method it
+        has matches its capability protocol: found by the library (``AsyncCapabilities``),
+        callable, with the protocol's parameters, of the flavour's kind (awaitable with
+        asyncio, except ``watch_releases``, which never waits)."""
+        assert isinstance(backend, Backend)
+        capabilities = Capabilities.of(backend)
+        for name, protocol in self.CAPABILITIES:
+            method = getattr(backend, name, None)
+            if method is None:
+                assert getattr(capabilities, name) is None
+                continue
+            assert isinstance(backend, protocol), f"{name} does not match {protocol.__name__}"
+            assert getattr(capabilities, name) is backend
+            assert callable(method)
+            expected = list(inspect.signature(getattr(protocol, name)).parameters)[1:]
+            assert list(inspect.signature(method).parameters) == expected, name
+            awaited = inspect.iscoroutinefunction(getattr(protocol, name))
+            assert inspect.iscoroutinefunction(method) == awaited, name

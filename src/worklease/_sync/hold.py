@@ -5,22 +5,37 @@
 
 from __future__ import annotations
 
-from datetime import timedelta
 from types import TracebackType
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from .._acompat import cleanup
 from .._models import Checkpoint, ExitMode, Token
+from .._options import AcquireOptions, HoldOptions, RenewalOptions
 from .._validation import normalize_state
-from .._window import Backoff, fresh
+from .._window import fresh
 from ..errors import FencedError, Retire
 from .backend import StateLike
 from .renewal import Renewal
 
-if TYPE_CHECKING:
-    from .lease import Lease
+__all__ = ["Hold", "HoldingLease", "finish"]
 
-__all__ = ["Hold", "finish"]
+
+class HoldingLease(Protocol):
+    """What a hold needs of the lease it holds a work ID through."""
+
+    def _acquire_with_prior(
+        self, work_id: str, options: AcquireOptions
+    ) -> tuple[Token, Checkpoint | None]: ...
+
+    def read_checkpoint(self, token: Token) -> Checkpoint: ...
+
+    def checkpoint(self, token: Token, state: StateLike | None) -> None: ...
+
+    def release(self, token: Token, mode: ExitMode | str) -> None: ...
+
+    def _renewal(self, token: Token, options: RenewalOptions) -> Renewal: ...
+
+    def _given_up(self, token: Token) -> bool: ...
 
 
 class Hold:
@@ -48,26 +63,16 @@ class Hold:
 
     def __init__(
         self,
-        lease: Lease,
+        lease: HoldingLease,
         work_id: str,
-        *,
-        wait: bool,
-        timeout: float | timedelta | None,
-        poll_interval: float | timedelta,
-        interval: float | timedelta | None,
-        backoff: Backoff | None,
-        cleanup_timeout: float,
+        options: HoldOptions,
         granted: tuple[Token, Checkpoint | None] | None = None,
     ) -> None:
         self._lease = lease
         self._granted = granted
         self._work_id = work_id
-        self._wait = wait
-        self._timeout = timeout
-        self._poll_interval = poll_interval
-        self._interval = interval
-        self._backoff = backoff
-        self._cleanup_timeout = cleanup_timeout
+        self._options = options
+        self._cleanup_timeout = options.cleanup_timeout
         self._token: Token | None = None
         self._prior: Checkpoint | None = None
         self._renewal: Renewal | None = None
@@ -118,16 +123,11 @@ class Hold:
             token, prior = self._granted
             self._granted = None
         else:
-            token, prior = lease._acquire_with_prior(
-                self._work_id,
-                wait=self._wait,
-                timeout=self._timeout,
-                poll_interval=self._poll_interval,
-            )
+            token, prior = lease._acquire_with_prior(self._work_id, self._options.acquire)
         self._token = token
         try:
             self._prior = prior if prior is not None else lease.read_checkpoint(token)
-            renewal = lease.renewal(token, interval=self._interval, backoff=self._backoff)
+            renewal = lease._renewal(token, self._options.renewal)
             renewal.__enter__()
         except Exception:
             raise  # the lease lapses after its TTL: the successor sees EXPIRED
@@ -170,7 +170,7 @@ class Hold:
         return False
 
 
-def finish(lease: Lease, token: Token, state: StateLike | None, mode: ExitMode) -> None:
+def finish(lease: HoldingLease, token: Token, state: StateLike | None, mode: ExitMode) -> None:
     """Write the final state (if any), then release with ``mode``.
 
     A failed final write releases ABANDONED instead (the last good checkpoint stays) and

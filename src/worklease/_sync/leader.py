@@ -10,7 +10,18 @@ from datetime import timedelta
 
 from .._acompat import Event, call, cleanup
 from .._models import ExitMode, Token
-from .._pacing import WaitPacing, interval, jittered
+from .._options import (
+    DEFAULT_CLEANUP_TIMEOUT,
+    DEFAULT_POLL_INTERVAL,
+    RUNNER_NAMES,
+    check_callable,
+    check_callbacks,
+    check_instance,
+    configuring,
+    hold_options,
+    pacing,
+)
+from .._pacing import WaitPacing, jittered
 from .._types import TokenCallback
 from .._validation import check_work_id
 from .._window import Backoff
@@ -23,8 +34,8 @@ from ..errors import (
     WorkFnRequiredError,
 )
 from .hold import finish
-from .lease import DEFAULT_CLEANUP_TIMEOUT, DEFAULT_POLL_INTERVAL, Lease
-from .watch import ReleaseWatch, open_release_watch
+from .lease import Lease
+from .watch import ReleaseWatch
 
 __all__ = ["Leader"]
 
@@ -74,30 +85,19 @@ class Leader:
         renewal_interval: float | timedelta | None = None,
         renewal_backoff: Backoff | None = None,
     ) -> None:
-        if lease is None:
-            raise LeaseRequiredError("a lease is required")
-        try:
-            check_work_id(work_id)
-        except (TypeError, ValueError) as exc:
-            raise ConfigError(str(exc)) from None
-        for name, callback in (
-            ("on_elected", on_elected),
-            ("on_lost", on_lost),
-            ("on_relinquished", on_relinquished),
-        ):
-            if callback is not None and not callable(callback):
-                raise ConfigError(f"{name} must be callable")
-        self._lease = lease
-        self._work_id = work_id
-        self._idle_interval = interval(idle_interval, "idle_interval")
-        self._backoff_interval = interval(backoff_interval, "backoff_interval")
-        self._cleanup_timeout = interval(cleanup_timeout, "cleanup_timeout")
-        self._poll_interval = interval(poll_interval, "poll_interval")
-        self._renewal_interval = (
-            None if renewal_interval is None else interval(renewal_interval, "renewal_interval")
-        )
-        self._renewal_backoff = renewal_backoff
-        self._acquire_wait = acquire_wait
+        self._lease = check_instance(lease, Lease, "lease", LeaseRequiredError)
+        with configuring(ConfigError):
+            self._work_id = check_work_id(work_id)
+            check_callbacks(on_elected=on_elected, on_lost=on_lost, on_relinquished=on_relinquished)
+            self._options = hold_options(
+                wait=acquire_wait,
+                poll_interval=poll_interval,
+                interval=renewal_interval,
+                backoff=renewal_backoff,
+                cleanup_timeout=cleanup_timeout,
+                names=RUNNER_NAMES,
+            )
+            self._pacing = pacing(idle_interval=idle_interval, backoff_interval=backoff_interval)
         self._on_elected = on_elected
         self._on_lost = on_lost
         self._on_relinquished = on_relinquished
@@ -145,9 +145,10 @@ class Leader:
     def _acquire(self, watch: ReleaseWatch | None) -> Token:
         """Acquire, waiting (stop-aware) when ``acquire_wait`` is set."""
         lease = self._lease
-        if not self._acquire_wait:
+        options = self._options.acquire
+        if not options.wait:
             return lease.acquire(self._work_id)
-        pacing = WaitPacing(self._poll_interval)
+        pacing = WaitPacing(options.poll_interval)
         while True:
             try:
                 return lease.acquire(self._work_id)
@@ -159,14 +160,14 @@ class Leader:
     def _term(self, fn: TokenCallback) -> None:
         lease = self._lease
         # Opened before the attempt, so a release right after it still ends the wait.
-        watch = self._watch = open_release_watch(lease.backend, (self._work_id,))
+        watch = self._watch = lease._watch_releases((self._work_id,))
         try:
             token = self._acquire(watch)
         except LeaseHeldError:
-            self._pause(jittered(self._idle_interval), watch)
+            self._pause(jittered(self._pacing.idle_interval), watch)
             raise
         except Exception:
-            self._pause(self._backoff_interval)
+            self._pause(self._pacing.backoff_interval)
             raise
         finally:
             self._watch = None
@@ -174,12 +175,10 @@ class Leader:
                 watch.close()
         try:
             self._callback(self._on_elected, token)
-            renewal = lease.renewal(
-                token, interval=self._renewal_interval, backoff=self._renewal_backoff
-            )
+            renewal = lease._renewal(token, self._options.renewal)
         except BaseException as exc:  # cancelled before the term began: hand the lease back
             try:
-                cleanup(self._cleanup_timeout, lease.release, token, ExitMode.ABANDONED)
+                cleanup(self._options.cleanup_timeout, lease.release, token, ExitMode.ABANDONED)
             except Exception as release_error:
                 exc.add_note(f"worklease: releasing leadership failed: {release_error!r}")
             raise
@@ -203,7 +202,7 @@ class Leader:
         if cause is not None:  # lapsed or window exhausted: record nothing
             if error is not None and not isinstance(error, Exception):
                 raise error
-            self._pause(self._backoff_interval)
+            self._pause(self._pacing.backoff_interval)
             if error is None:
                 raise _loss(cause)
             if isinstance(error, Retire):  # nothing was recorded: not a success
@@ -220,7 +219,7 @@ class Leader:
             mode = ExitMode.ABANDONED
         state = error.state if isinstance(error, Retire) else None
         try:
-            cleanup(self._cleanup_timeout, finish, self._lease, token, state, mode)
+            cleanup(self._options.cleanup_timeout, finish, self._lease, token, state, mode)
         except FencedError:
             if error is not None and not isinstance(error, Exception):
                 raise error from None  # a cancellation or interrupt must not be swallowed
@@ -228,7 +227,7 @@ class Leader:
         except Exception as release_error:
             if error is not None and not isinstance(error, Exception):
                 raise error  # noqa: B904 - a cancellation or interrupt: no pause
-            self._pause(self._backoff_interval)
+            self._pause(self._pacing.backoff_interval)
             if error is not None and not isinstance(error, Retire):
                 error.add_note(f"worklease: releasing leadership failed: {release_error!r}")
                 raise error  # noqa: B904 - the term's own error wins, its chain kept
@@ -237,7 +236,7 @@ class Leader:
             self._callback(self._on_relinquished, token)
         if error is not None and not isinstance(error, Exception):
             raise error  # cancellation or interrupt: no pause
-        self._pause(self._backoff_interval)
+        self._pause(self._pacing.backoff_interval)
         if error is not None and not isinstance(error, Retire):
             raise error
 
@@ -258,9 +257,8 @@ class Leader:
             logger.exception("worklease leader callback %r raised", callback)
 
 
-def _check_fn(fn: object) -> None:
-    if fn is None or not callable(fn):
-        raise WorkFnRequiredError("a leader function is required")
+def _check_fn(fn: TokenCallback | None) -> None:
+    check_callable(fn, "leader function", WorkFnRequiredError)
 
 
 def _loss(cause: BaseException) -> BaseException:

@@ -12,8 +12,8 @@ from typing import Protocol
 
 from .._memory import MemoryStore, RowSnapshot
 from .._models import Checkpoint, ExitMode, Token
-from .._validation import to_seconds
-from ..errors import LeaseLostError
+from .._validation import backend_ttl, check_flag, non_negative_seconds
+from ..errors import ConfigError, LeaseLostError
 from .backend import StateLike
 from .watch import ReleaseHub, ReleaseWatch
 
@@ -39,25 +39,27 @@ class MemoryBackend:
     __module__ = "worklease"
 
     def __init__(self, clock: Clock | None = None) -> None:
+        if clock is not None and not callable(getattr(clock, "now", None)):
+            raise ConfigError(f"clock must have a now() method (a FakeClock, say), not {clock!r}")
         self._hub = ReleaseHub()
         self._store = MemoryStore(
             clock.now if clock is not None else None, on_release=self._hub.publish
         )
 
     def acquire(self, work_id: str, holder_id: str, ttl: float) -> Token:
-        return self._store.acquire(work_id, holder_id, to_seconds(ttl, "ttl"))
+        return self._store.acquire(work_id, holder_id, backend_ttl(ttl))
 
     def acquire_with_checkpoint(
         self, work_id: str, holder_id: str, ttl: float
     ) -> tuple[Token, Checkpoint]:
         """Acquire and read the new holder's checkpoint in one step (optional method)."""
-        return self._store.acquire_with_checkpoint(work_id, holder_id, to_seconds(ttl, "ttl"))
+        return self._store.acquire_with_checkpoint(work_id, holder_id, backend_ttl(ttl))
 
     def acquire_many(
         self, work_ids: Sequence[str], holder_id: str, ttl: float
     ) -> list[tuple[Token, Checkpoint]]:
         """Acquire every free work ID of ``work_ids`` in one step (optional method)."""
-        return self._store.acquire_many(work_ids, holder_id, to_seconds(ttl, "ttl"))
+        return self._store.acquire_many(work_ids, holder_id, backend_ttl(ttl))
 
     def find_available(self, work_ids: Sequence[str]) -> list[str]:
         """The work IDs ``acquire`` would grant now, in input order (optional method)."""
@@ -65,21 +67,23 @@ class MemoryBackend:
 
     def renew_many(self, tokens: Sequence[Token], ttl: float) -> list[LeaseLostError | None]:
         """Renew every token in one step (optional method)."""
-        return self._store.renew_many(tokens, to_seconds(ttl, "ttl"))
+        return self._store.renew_many(tokens, backend_ttl(ttl))
 
-    def watch_releases(self, work_ids: Iterable[str]) -> ReleaseWatch:
+    def watch_releases(self, work_ids: Iterable[str]) -> ReleaseWatch | None:
         """A watch woken when one of ``work_ids`` is released or forgotten through this
-        backend (optional method of the backend protocol)."""
+        backend (optional method of the backend protocol); ``None`` once closed."""
+        if self._store.closed:
+            return None
         return self._hub.watch(work_ids)
 
     def read_checkpoint(self, token: Token) -> Checkpoint:
         return self._store.read_checkpoint(token)
 
     def checkpoint(self, token: Token, state: StateLike | None, ttl: float) -> None:
-        self._store.checkpoint(token, state, to_seconds(ttl, "ttl"))
+        self._store.checkpoint(token, state, backend_ttl(ttl))
 
     def renew(self, token: Token, ttl: float) -> None:
-        self._store.renew(token, to_seconds(ttl, "ttl"))
+        self._store.renew(token, backend_ttl(ttl))
 
     def release(self, token: Token, mode: ExitMode) -> None:
         self._store.release(token, mode)
@@ -88,14 +92,20 @@ class MemoryBackend:
         self._store.forget(token)
 
     def sweep(self, retention: float, include_expired: bool) -> int:
-        return self._store.sweep(to_seconds(retention, "retention"), include_expired)
+        return self._store.sweep(
+            non_negative_seconds(retention, "retention"),
+            check_flag(include_expired, "include_expired"),
+        )
 
     def rows(self) -> list[RowSnapshot]:
         """A snapshot of every stored row, sorted by work ID."""
         return self._store.rows()
 
     def close(self) -> None:
-        """Nothing to release; present so every backend can be closed the same way."""
+        """Close the backend (idempotent): like a closed PostgreSQL backend, every later
+        operation raises ``BackendError`` and ``watch_releases`` returns ``None``; ``rows()``
+        still shows what is stored."""
+        self._store.close()
 
     def __enter__(self) -> MemoryBackend:
         return self

@@ -16,22 +16,33 @@ from psycopg.rows import tuple_row
 from psycopg_pool import ConnectionPool
 
 from .._acompat import ThreadLock
-from .._failures import fenced
+from .._deadline import seconds_left
+from .._failures import closed, fenced
 from .._models import Checkpoint, ExitMode, Token
-from .._pg import Statements, check_schema_name, map_error, must_discard, schema_statements
+from .._pg import (
+    Rows,
+    Statements,
+    check_schema_name,
+    map_error,
+    must_discard,
+    schema_statements,
+    statement_timeout,
+)
 from .._validation import (
+    backend_ttl,
     check_exit_mode,
+    check_flag,
     check_work_id,
     distinct_work_ids,
+    non_negative_seconds,
     normalize_state,
-    to_seconds,
 )
 from ..errors import BackendRequiredError, ConfigError, LeaseLostError
 from .backend import StateLike
 from .listener import ReleaseListener
 from .watch import ReleaseHub, ReleaseWatch
 
-__all__ = ["PostgresBackend"]
+__all__ = ["PostgresBackend", "run_statement"]
 
 _CURRENT_SCHEMA = b"SET TRANSACTION ISOLATION LEVEL READ COMMITTED; SELECT current_schema()"
 
@@ -83,7 +94,10 @@ class PostgresBackend:
         self._renewal_statements: Statements | None = None
         self._lock = ThreadLock()
         self._closed = False
-        self._listen = bool(listen)
+        try:
+            self._listen = check_flag(listen, "listen")
+        except TypeError as exc:
+            raise ConfigError(str(exc)) from None
         self._hub = ReleaseHub()
         self._listener: ReleaseListener | None = None
 
@@ -124,15 +138,19 @@ class PostgresBackend:
     # -- lifecycle ----------------------------------------------------------------------------
 
     def open(self) -> None:
-        """Open the pool this backend owns (a no-op for a pool passed in)."""
+        """Open the pool this backend owns (a no-op for a pool passed in).
+
+        ``BackendError`` once the backend was closed: a closed backend does no more I/O.
+        """
         if self._closed:
-            raise ConfigError("the backend was closed")
+            raise closed("open")
         if self._owns_pool and self._pool.closed:
             self._pool.open()
 
     def close(self) -> None:
-        """Close what this backend created (its own pool, its renewal pool), never the
-        caller's pool. Idempotent."""
+        """Close what this backend created (its own pool, its renewal pool, its listener),
+        never the caller's pool. Idempotent. Afterwards every operation raises
+        ``BackendError`` without any I/O and ``watch_releases`` returns ``None``."""
         self._closed = True
         with self._lock:
             renewal_pool, self._renewal_pool = self._renewal_pool, None
@@ -185,7 +203,7 @@ class PostgresBackend:
     def _ensure_renewal_pool(self) -> ConnectionPool[Any]:
         with self._lock:
             if self._closed:
-                raise ConfigError("the backend was closed")
+                raise closed("renew")
             pool = self._renewal_pool
             if pool is None:
                 # Same settings as the application's pool (conninfo and kwargs may be
@@ -225,7 +243,7 @@ class PostgresBackend:
         statements = self._renewal_statements
         if statements is None:  # a renewal before any acquire through this backend
             rows, _ = self._run("renew", _CURRENT_SCHEMA, {})
-            self._learn_schema(rows[0][0] if rows else None)
+            self._learn_schema(Statements.current_schema(rows))
             statements = self._renewal_statements
             assert statements is not None
         return statements
@@ -238,72 +256,58 @@ class PostgresBackend:
         *,
         pool: ConnectionPool[Any] | None = None,
         timeout: float | None = None,
-    ) -> tuple[list[tuple[Any, ...]], int]:
-        """Execute one statement; return the rows and row count of its last result."""
+    ) -> tuple[Rows, int]:
+        """Execute one statement on a pooled connection; return the rows and row count of
+        its last result. ``timeout`` bounds the wait for a connection."""
+        if self._closed:
+            raise closed(operation)
         if pool is None:
             self.open()
             pool = self._pool
         try:
             with pool.connection(timeout=timeout) as conn:
-                restore = not conn.autocommit
-                try:
-                    if restore:
-                        conn.set_autocommit(True)
-                    cursor = ClientCursor(conn, row_factory=tuple_row)
-                    cursor.execute(statement, params)
-                    while cursor.nextset():
-                        pass
-                    result = cursor.pgresult
-                    rows = cursor.fetchall() if result and result.ntuples else []
-                    return rows, cursor.rowcount
-                except BaseException as exc:
-                    if must_discard(exc):
-                        conn.close()  # never hand back a connection in an unknown state
-                    raise
-                finally:
-                    if restore and not conn.closed:
-                        conn.set_autocommit(False)
+                return run_statement(conn, operation, statement, params)
         except psycopg.Error as exc:
             raise map_error(exc, operation) from exc
 
     # -- the backend protocol -----------------------------------------------------------------
 
     def acquire(self, work_id: str, holder_id: str, ttl: float) -> Token:
-        check_work_id(work_id)
-        statements = self._statements
-        rows, _ = self._run(
-            "acquire",
-            statements.acquire,
-            {
-                "work_id": work_id,
-                "holder_id": holder_id,
-                "ttl": statements.ttl(to_seconds(ttl, "ttl")),
-            },
-        )
-        if self._renewal_statements is None and rows:
-            self._learn_schema(rows[0][4])  # free: the acquire statement reports it
-        return statements.acquired(rows, work_id, holder_id)
+        token, _ = self._acquire(work_id, holder_id, ttl, reading=False)
+        return token
 
     def acquire_with_checkpoint(
         self, work_id: str, holder_id: str, ttl: float
     ) -> tuple[Token, Checkpoint]:
         """Acquire and return the new holder's checkpoint in the same statement (optional
         method of the backend protocol; the runner and ``hold()`` use it)."""
+        token, prior = self._acquire(work_id, holder_id, ttl, reading=True)
+        assert prior is not None
+        return token, prior
+
+    def _acquire(
+        self, work_id: str, holder_id: str, ttl: float, *, reading: bool
+    ) -> tuple[Token, Checkpoint | None]:
         check_work_id(work_id)
         statements = self._statements
+        params: dict[str, Any] = {
+            "work_id": work_id,
+            "holder_id": holder_id,
+            "ttl": statements.ttl(backend_ttl(ttl)),
+        }
+        # Bounded by the caller's deadline (a waiting acquire's timeout): the server ends a
+        # statement stuck on a locked row in time, and it rolls back.
+        left = seconds_left()
+        if left is not None:
+            params["statement_timeout"] = statement_timeout(left)
+        statement = statements.acquire_statement(reading=reading, bounded=left is not None)
         rows, _ = self._run(
-            "acquire",
-            statements.acquire_reading,
-            {
-                "work_id": work_id,
-                "holder_id": holder_id,
-                "ttl": statements.ttl(to_seconds(ttl, "ttl")),
-            },
+            "acquire", statement, params, timeout=None if left is None else max(left, 0.001)
         )
-        if self._renewal_statements is None and rows:
-            self._learn_schema(rows[0][4])
-        token = statements.acquired(rows, work_id, holder_id)
-        return token, statements.prior(rows)
+        grant = statements.acquired(rows, work_id, holder_id, reading=reading)
+        if self._renewal_statements is None:
+            self._learn_schema(grant.schema)  # free: the acquire statement reports it
+        return grant.token, grant.prior
 
     def acquire_many(
         self, work_ids: Sequence[str], holder_id: str, ttl: float
@@ -313,7 +317,7 @@ class PostgresBackend:
         method of the backend protocol)."""
         ids = distinct_work_ids(work_ids)
         statements = self._statements
-        interval = statements.ttl(to_seconds(ttl, "ttl"))
+        interval = statements.ttl(backend_ttl(ttl))
         if not ids:
             return []
         rows, _ = self._run(
@@ -321,9 +325,10 @@ class PostgresBackend:
             statements.acquire_many,
             {"work_ids": ids, "holder_id": holder_id, "ttl": interval},
         )
-        if self._renewal_statements is None and rows:
-            self._learn_schema(rows[0][6])
-        return statements.granted_many(rows, holder_id)
+        grants, schema = statements.granted_many(rows, holder_id)
+        if self._renewal_statements is None:
+            self._learn_schema(schema)
+        return grants
 
     def find_available(self, work_ids: Sequence[str]) -> list[str]:
         """The work IDs of ``work_ids`` that ``acquire`` would grant now, in input order; writes
@@ -338,7 +343,7 @@ class PostgresBackend:
         """A watch woken when one of ``work_ids`` is released or forgotten through any backend
         on this database (optional method of the backend protocol); ``None`` with
         ``listen=False`` or once closed. The first call starts listening."""
-        if not self._listen:
+        if not self._listen or self._closed:
             return None
         with self._lock:
             if self._closed:
@@ -362,16 +367,16 @@ class PostgresBackend:
         statements = self._statements
         params = statements.owned(token)
         params["state"] = normalize_state(state)
-        params["ttl"] = statements.ttl(to_seconds(ttl, "ttl"))
+        params["ttl"] = statements.ttl(backend_ttl(ttl))
         rows, _ = self._run("checkpoint", statements.checkpoint, params)
         statements.written(rows, token, "checkpoint")
 
     def renew(self, token: Token, ttl: float) -> None:
+        seconds = backend_ttl(ttl)
         statements = self._renewal_target()
-        seconds = to_seconds(ttl, "ttl")
         params = statements.owned(token)
         params["ttl"] = statements.ttl(seconds)
-        params["statement_timeout"] = str(max(int(seconds * 1000), 1))
+        params["statement_timeout"] = statement_timeout(seconds)
         pool = self._ensure_renewal_pool()
         rows, _ = self._run(
             "renew", statements.renew, params, pool=pool, timeout=max(seconds, 0.001)
@@ -382,7 +387,7 @@ class PostgresBackend:
         """Renew every token in one statement on the renewal pool; per token ``None`` or the
         error ``renew`` would raise (optional method of the backend protocol)."""
         distinct_work_ids([token.work_id for token in tokens])
-        seconds = to_seconds(ttl, "ttl")
+        seconds = backend_ttl(ttl)
         if not tokens:
             return []
         statements = self._renewal_target()
@@ -391,7 +396,7 @@ class PostgresBackend:
             "holder_ids": [token.holder_id for token in tokens],
             "tokens": [token.fencing_token for token in tokens],
             "ttl": statements.ttl(seconds),
-            "statement_timeout": str(max(int(seconds * 1000), 1)),
+            "statement_timeout": statement_timeout(seconds),
         }
         pool = self._ensure_renewal_pool()
         rows, _ = self._run(
@@ -413,15 +418,38 @@ class PostgresBackend:
             raise fenced(token, "forget")
 
     def sweep(self, retention: float, include_expired: bool) -> int:
-        _, count = self._run(
-            "sweep",
-            self._statements.sweep,
-            {
-                "retention": timedelta(seconds=to_seconds(retention, "retention")),
-                "include_expired": bool(include_expired),
-            },
-        )
+        params = {
+            "retention": timedelta(seconds=non_negative_seconds(retention, "retention")),
+            "include_expired": check_flag(include_expired, "include_expired"),
+        }
+        _, count = self._run("sweep", self._statements.sweep, params)
         return max(count, 0)
+
+
+def run_statement(
+    conn: Connection[Any], operation: str, statement: bytes, params: dict[str, Any]
+) -> tuple[Rows, int]:
+    """Execute one worklease statement on ``conn`` in autocommit (simple protocol, parameters
+    bound client-side); return the rows and row count of its last result. A connection left
+    in an unknown state is closed; driver errors are raised as they are (``map_error``)."""
+    restore = not conn.autocommit
+    try:
+        if restore:
+            conn.set_autocommit(True)
+        cursor = ClientCursor(conn, row_factory=tuple_row)
+        cursor.execute(statement, params)
+        while cursor.nextset():
+            pass
+        result = cursor.pgresult
+        rows = cursor.fetchall() if result and result.ntuples else []
+        return rows, cursor.rowcount
+    except BaseException as exc:
+        if must_discard(exc):
+            conn.close()  # never hand back a connection in an unknown state
+        raise
+    finally:
+        if restore and not conn.closed:
+            conn.set_autocommit(False)
 
 
 def _apply(conn: Connection[Any], statements: list[str]) -> None:

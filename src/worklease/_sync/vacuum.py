@@ -5,13 +5,13 @@
 
 from __future__ import annotations
 
-import math
 from datetime import timedelta
 
-from .._validation import to_seconds
-from .._window import monotonic
+from .._options import check_instance
+from .._report import sweep_report
+from .._validation import check_flag, positive_seconds
 from ..errors import BackendRequiredError, ConfigError, RetentionRequiredError
-from ..observers import SweepEvent, VacuumObserver, notify
+from ..observers import VacuumObserver
 from .backend import Backend
 
 __all__ = ["Vacuum"]
@@ -29,8 +29,8 @@ class Vacuum:
     def __init__(self, backend: Backend, observer: VacuumObserver | None = None) -> None:
         if backend is None:
             raise BackendRequiredError("a backend is required")
-        if observer is not None and not isinstance(observer, VacuumObserver):
-            raise ConfigError("observer must be a VacuumObserver (subclass it)")
+        if observer is not None:
+            check_instance(observer, VacuumObserver, "observer (subclass it)", ConfigError)
         self._backend = backend
         self._observer = observer if observer is not None else VacuumObserver()
 
@@ -40,28 +40,14 @@ class Vacuum:
         Deletes rows released RETIRED and, with ``include_expired``, rows whose lease lapsed
         with no declared exit (discarding the partial state a successor would resume from).
         Returns the number of rows deleted. ``RetentionRequiredError`` when ``retention`` is
-        not a positive duration.
+        not a positive duration (of at most 100 years); ``TypeError`` when
+        ``include_expired`` is not a ``bool``.
         """
         try:
-            seconds = to_seconds(retention, "retention")
-        except TypeError as exc:
+            seconds = positive_seconds(retention, "retention")
+        except (TypeError, ValueError) as exc:
             raise RetentionRequiredError(str(exc)) from None
-        if not math.isfinite(seconds) or seconds <= 0:
-            raise RetentionRequiredError(
-                f"retention must be a finite positive duration, got {retention!r}"
-            )
-        include = bool(include_expired)
-        start = monotonic()
-        try:
-            deleted = self._backend.sweep(seconds, include)
-        except Exception as exc:
-            notify(
-                self._observer.on_sweep,
-                SweepEvent(seconds, include, 0, monotonic() - start, exc),
-            )
-            raise
-        notify(
-            self._observer.on_sweep,
-            SweepEvent(seconds, include, deleted, monotonic() - start, None),
-        )
+        include = check_flag(include_expired, "include_expired")
+        with sweep_report(self._observer, seconds, include) as call:
+            deleted = call.result = self._backend.sweep(seconds, include)
         return deleted

@@ -15,28 +15,40 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable
 from types import TracebackType
+from typing import Protocol, runtime_checkable
 
 from .._acompat import Event, ThreadLock
 from .._window import monotonic
 
-__all__ = ["ReleaseHub", "ReleaseWatch", "open_release_watch"]
+__all__ = ["ReleaseHub", "ReleaseWatch", "ReleaseWatching", "open_release_watch"]
 
 logger = logging.getLogger("worklease")
 
 
-def open_release_watch(backend: object, work_ids: Iterable[str]) -> ReleaseWatch | None:
-    """The backend's watch on ``work_ids``, or ``None`` when it offers none (then, and if
-    opening one fails, waits simply run their full length: notifications only shorten them).
-    """
-    watch_releases = getattr(backend, "watch_releases", None)
-    if watch_releases is None:
+def open_release_watch(
+    watching: ReleaseWatching | None, work_ids: Iterable[str]
+) -> ReleaseWatch | None:
+    """A watch on ``work_ids`` from a backend that can watch releases (see
+    ``AsyncReleaseWatching``), or ``None`` when it cannot (then, and if opening one fails, waits
+    simply run their full length: notifications only shorten them)."""
+    if watching is None:
         return None
     try:
-        watch: ReleaseWatch | None = watch_releases(work_ids)
+        return watching.watch_releases(work_ids)
     except Exception:
         logger.warning("worklease: watching for releases failed; polling", exc_info=True)
         return None
-    return watch
+
+
+@runtime_checkable
+class ReleaseWatching(Protocol):
+    """A backend capability: wakes waiters when a work ID is released (``watch_releases``
+    returns ``None`` when it cannot notify right now)."""
+
+    def watch_releases(self, work_ids: Iterable[str]) -> ReleaseWatch | None: ...
+
+
+ReleaseWatching.__module__ = "worklease"
 
 
 class ReleaseHub:

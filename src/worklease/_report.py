@@ -1,0 +1,213 @@
+"""Reporting backend calls to observers: one helper times a call, builds its event, sends it
+(and ``on_fenced`` after a fenced write). Shared by both flavours.
+
+A call is reported with ``with reporter.checkpoint(token, size): await backend...``: the block
+is timed, and when it ends the event goes out with the block's duration and its exception, if
+any. A ``BaseException`` that is not an ``Exception`` (a cancellation, an interrupt) is not
+reported: the call did not end, it was abandoned.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from types import TracebackType
+from typing import Generic, TypeVar
+
+from ._models import Checkpoint, ExitMode, Operation, Token
+from ._validation import state_size
+from ._window import monotonic
+from .errors import FencedError
+from .observers import (
+    AcquireEvent,
+    CheckpointEvent,
+    FencedEvent,
+    ForgetEvent,
+    LeaseObserver,
+    PoolObserver,
+    ReadCheckpointEvent,
+    ReleaseEvent,
+    RenewEvent,
+    ScanEvent,
+    SweepEvent,
+    VacuumObserver,
+    notify,
+)
+
+__all__ = ["LeaseReporter", "Reported", "reported", "scan_report", "sweep_report"]
+
+_R = TypeVar("_R")
+
+
+class Reported(Generic[_R]):
+    """Times the ``with`` block it guards and reports it when the block ends.
+
+    Set ``result`` inside the block when the report needs the call's result.
+    """
+
+    __slots__ = ("_finish", "result", "start")
+
+    def __init__(self, finish: Callable[[float, Exception | None, _R | None], None]) -> None:
+        self._finish = finish
+        self.result: _R | None = None
+        self.start = 0.0
+
+    def __enter__(self) -> Reported[_R]:
+        self.start = monotonic()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if exc is None:
+            self._finish(monotonic() - self.start, None, self.result)
+        elif isinstance(exc, Exception):
+            self._finish(monotonic() - self.start, exc, None)
+
+
+def reported(finish: Callable[[float, Exception | None, _R | None], None]) -> Reported[_R]:
+    """A ``Reported`` block calling ``finish(duration, error, result)`` when it ends."""
+    return Reported(finish)
+
+
+class LeaseReporter:
+    """Builds and sends the events of one lease's observer."""
+
+    __slots__ = ("observer",)
+
+    def __init__(self, observer: LeaseObserver) -> None:
+        self.observer = observer
+
+    def _fenced(self, token: Token, operation: Operation, error: Exception | None) -> None:
+        if isinstance(error, FencedError):
+            notify(self.observer.on_fenced, FencedEvent(token, operation, error))
+
+    # -- single calls ---------------------------------------------------------------------
+
+    def acquire(self, work_id: str) -> Reported[tuple[Token, Checkpoint | None]]:
+        """An acquire; set ``result`` to ``(token, prior)`` (``prior``: read with it, or
+        ``None``)."""
+
+        def finish(
+            duration: float, error: Exception | None, result: tuple[Token, Checkpoint | None] | None
+        ) -> None:
+            token, prior = result if result is not None else (None, None)
+            notify(self.observer.on_acquire, AcquireEvent(work_id, token, duration, error))
+            if token is not None and prior is not None:
+                self.read_with_acquire(token, prior)
+
+        return Reported(finish)
+
+    def read_with_acquire(self, token: Token, prior: Checkpoint) -> None:
+        """A checkpoint read in the same call as the acquire: it takes no time of its own."""
+        notify(
+            self.observer.on_read_checkpoint,
+            ReadCheckpointEvent(
+                token, prior.prev_exit, prior.prev_holder_id, state_size(prior.state), 0.0, None
+            ),
+        )
+
+    def read(self, token: Token) -> Reported[Checkpoint]:
+        """A checkpoint read; set ``result`` to the checkpoint."""
+
+        def finish(duration: float, error: Exception | None, prior: Checkpoint | None) -> None:
+            if prior is None:
+                event = ReadCheckpointEvent(token, ExitMode.NONE, None, 0, duration, error)
+            else:
+                event = ReadCheckpointEvent(
+                    token,
+                    prior.prev_exit,
+                    prior.prev_holder_id,
+                    state_size(prior.state),
+                    duration,
+                    error,
+                )
+            notify(self.observer.on_read_checkpoint, event)
+
+        return Reported(finish)
+
+    def checkpoint(self, token: Token, size: int) -> Reported[None]:
+        def finish(duration: float, error: Exception | None, _: None) -> None:
+            notify(self.observer.on_checkpoint, CheckpointEvent(token, size, duration, error))
+            self._fenced(token, Operation.CHECKPOINT, error)
+
+        return Reported(finish)
+
+    def renew(self, token: Token, attempt: int) -> Reported[None]:
+        def finish(duration: float, error: Exception | None, _: None) -> None:
+            self.renewed(token, attempt, duration, error)
+
+        return Reported(finish)
+
+    def renewed(self, token: Token, attempt: int, duration: float, error: Exception | None) -> None:
+        """One token's renewal attempt (alone, or its share of a batch)."""
+        notify(self.observer.on_renew, RenewEvent(token, attempt, duration, error))
+        self._fenced(token, Operation.RENEW, error)
+
+    def release(self, token: Token, mode: ExitMode) -> Reported[None]:
+        def finish(duration: float, error: Exception | None, _: None) -> None:
+            notify(self.observer.on_release, ReleaseEvent(token, mode, duration, error))
+            self._fenced(token, Operation.RELEASE, error)
+
+        return Reported(finish)
+
+    def forget(self, token: Token) -> Reported[None]:
+        def finish(duration: float, error: Exception | None, _: None) -> None:
+            notify(self.observer.on_forget, ForgetEvent(token, duration, error))
+            self._fenced(token, Operation.FORGET, error)
+
+        return Reported(finish)
+
+    # -- batches --------------------------------------------------------------------------
+
+    def acquire_many(
+        self, work_ids: Sequence[str]
+    ) -> Reported[list[tuple[Token, Checkpoint | None]]]:
+        """A batched acquire of ``work_ids``: each grant is reported like a single acquire and
+        read; a failure is reported once per work ID asked for."""
+
+        def finish(
+            duration: float,
+            error: Exception | None,
+            grants: list[tuple[Token, Checkpoint | None]] | None,
+        ) -> None:
+            if error is not None or grants is None:
+                for work_id in work_ids:
+                    notify(self.observer.on_acquire, AcquireEvent(work_id, None, duration, error))
+                return
+            for token, prior in grants:
+                notify(self.observer.on_acquire, AcquireEvent(token.work_id, token, duration, None))
+                if prior is not None:
+                    self.read_with_acquire(token, prior)
+
+        return Reported(finish)
+
+
+def scan_report(
+    observer: PoolObserver, candidates: int
+) -> Reported[list[tuple[Token, Checkpoint | None]]]:
+    """A pool scan over ``candidates`` work IDs; set ``result`` to the grants."""
+
+    def finish(
+        duration: float,
+        error: Exception | None,
+        grants: list[tuple[Token, Checkpoint | None]] | None,
+    ) -> None:
+        acquired = tuple(token.work_id for token, _ in grants or ())
+        notify(observer.on_scan, ScanEvent(candidates, acquired, duration, error))
+
+    return Reported(finish)
+
+
+def sweep_report(observer: VacuumObserver, retention: float, include: bool) -> Reported[int]:
+    """A vacuum sweep; set ``result`` to the number of rows deleted."""
+
+    def finish(duration: float, error: Exception | None, deleted: int | None) -> None:
+        notify(
+            observer.on_sweep,
+            SweepEvent(retention, include, deleted or 0, duration, error),
+        )
+
+    return Reported(finish)

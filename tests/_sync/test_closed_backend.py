@@ -1,0 +1,52 @@
+# Generated from tests/_async/test_closed_backend.py by scripts/unasync.py -- do not edit.
+# Change the async source and run "python scripts/unasync.py".
+
+"""What a closed backend does: the same on every backend (issue 11, documented in the README).
+
+After ``close()`` (idempotent) every operation raises ``BackendError`` (not transient: a
+retry cannot help) without any I/O, and ``watch_releases`` returns ``None``. A PostgreSQL
+backend never closes the caller's pool.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from worklease import (
+    Backend,
+    BackendError,
+    ExitMode,
+    Lease,
+    MemoryBackend,
+    PostgresBackend,
+)
+
+
+def test_every_operation_of_a_closed_backend_is_refused(backend: Backend) -> None:
+    assert isinstance(backend, MemoryBackend | PostgresBackend)
+    lease = Lease(backend, holder_id="h", ttl=30)
+    token = lease.acquire("w1")
+    backend.close()
+    backend.close()  # idempotent
+    calls: list[tuple[str, Callable[[], Any]]] = [
+        ("acquire", lambda: backend.acquire("w2", "h", 30.0)),
+        ("read_checkpoint", lambda: backend.read_checkpoint(token)),
+        ("checkpoint", lambda: backend.checkpoint(token, b"x", 30.0)),
+        ("renew", lambda: backend.renew(token, 30.0)),
+        ("release", lambda: backend.release(token, ExitMode.FINISHED)),
+        ("forget", lambda: backend.forget(token)),
+        ("sweep", lambda: backend.sweep(60.0, False)),
+        ("lease.acquire", lambda: lease.acquire("w3")),
+        ("lease.checkpoint", lambda: lease.checkpoint(token, b"x")),
+    ]
+    for name, call in calls:
+        with pytest.raises(BackendError) as caught:
+            call()
+        assert not caught.value.transient, name
+        assert "closed" in str(caught.value), name
+    assert backend.watch_releases(["w1"]) is None
+    if isinstance(backend, PostgresBackend):
+        assert not backend.pool.closed  # the caller's pool is the caller's
