@@ -435,7 +435,9 @@ class _CleanupHelpers:
     def submit(self, job: _CleanupJob) -> None:
         with self._lock:
             self._jobs.append(job)
-            if self._idle:
+            # An idle thread leaves the idle count only once it runs again: count the jobs
+            # already waiting for one, so two quick submits never share one idle thread.
+            if len(self._jobs) <= self._idle:
                 self._wake.notify()
                 return
         threading.Thread(target=self._serve, name="worklease-cleanup", daemon=True).start()

@@ -38,8 +38,9 @@ Argument errors follow one rule, in both flavours and every backend:
 - **Calling an operation raises** ``TypeError`` for an argument of the wrong type and
   ``ValueError`` for an unusable value, before any I/O (``acquire``, ``checkpoint``,
   ``release``, ``sweep``, ... and the backend methods). Named errors of operations are
-  ``ValueError`` subclasses: ``InvalidExitModeError``, ``InvalidTokenError``, and
-  ``RetentionRequiredError`` (a ``ConfigError``, as the Go library has it).
+  ``ValueError`` subclasses: ``InvalidExitModeError``, ``InvalidTokenError``, and two
+  ``ConfigError`` subclasses the Go library names: ``RetentionRequiredError`` (a sweep's
+  retention) and ``WorkFnRequiredError`` (the function given to ``leader.run()``).
 - **Durations** are ``float``/``int`` seconds or a ``timedelta``: finite, within the range
   each parameter documents, and never longer than ``MAX_DURATION`` (100 years), so no
   deadline, timer or stored expiry can overflow. Flags (``wait``, ``include_expired``, ...)

@@ -11,6 +11,7 @@ from datetime import UTC, datetime, timedelta
 from typing import TypeVar
 
 from ._validation import to_seconds
+from .errors import ConfigError
 from .observers import (
     AcquireEvent,
     CheckpointEvent,
@@ -56,7 +57,10 @@ class FakeClock:
         if start is None:
             start = datetime.now(UTC)
         self._lock = threading.Lock()
-        self._now = _aware(start)
+        try:
+            self._now = _aware(start)
+        except (TypeError, ValueError) as exc:  # a builder: the argument-error rule
+            raise ConfigError(str(exc)) from None
 
     def now(self) -> datetime:
         """The current fake time (UTC)."""

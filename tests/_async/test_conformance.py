@@ -2,8 +2,44 @@
 
 from __future__ import annotations
 
+from typing import Any
+
+import pytest
+
+from worklease import AsyncMemoryBackend
+from worklease._async.backend import AsyncCapabilities
 from worklease.conformance import AsyncBackendConformance
 
 
 class TestBackendConformance(AsyncBackendConformance):
     """Every conformance case; the ``backend`` fixture comes from the conftest."""
+
+
+class Delegating:
+    """A backend that forwards every attribute to a memory backend through ``__getattr__``
+    (a wrapper, a metrics proxy): its optional methods must still be found (on Python 3.12+
+    a runtime protocol check reads attributes statically and would miss them)."""
+
+    def __init__(self) -> None:
+        self._inner = AsyncMemoryBackend()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+
+class TestDelegatingBackendConformance(AsyncBackendConformance):
+    """The whole suite through a delegating proxy."""
+
+    @pytest.fixture
+    def backend(self) -> Any:
+        return Delegating()
+
+
+async def test_capabilities_of_a_delegating_backend_are_found() -> None:
+    capabilities = AsyncCapabilities.of(Delegating())
+    assert capabilities.renew_many is not None
+    assert capabilities.acquire_with_checkpoint is not None
+    assert capabilities.find_available is not None
+    assert capabilities.acquire_many is not None
+    assert capabilities.watch_releases is not None
+    assert AsyncCapabilities.of(object()) == AsyncCapabilities(None, None, None, None, None)

@@ -10,6 +10,7 @@ import pytest
 from worklease import (
     AcquireEvent,
     CheckpointEvent,
+    ConfigError,
     ExitMode,
     FencedError,
     FencedEvent,
@@ -57,7 +58,7 @@ def test_naive_start_is_refused() -> None:
 
 
 def test_non_datetime_start_is_refused() -> None:
-    with pytest.raises(TypeError):
+    with pytest.raises(ConfigError):  # a builder: the argument-error rule
         FakeClock("2026-01-01T00:00:00Z")  # type: ignore[arg-type]
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from typing import Protocol, cast, runtime_checkable
 
 from .._models import Checkpoint, ExitMode, Token
 from ..errors import LeaseLostError
@@ -155,10 +155,17 @@ class AsyncCapabilities:
 
     @classmethod
     def of(cls, backend: object) -> AsyncCapabilities:
+        # Looked up with getattr, not isinstance: since Python 3.12 a runtime protocol check
+        # reads attributes statically and would miss a proxy that delegates __getattr__.
+        def offered(name: str) -> bool:
+            return callable(getattr(backend, name, None))
+
         return cls(
-            backend if isinstance(backend, AsyncAcquireWithCheckpoint) else None,
-            backend if isinstance(backend, AsyncRenewMany) else None,
-            backend if isinstance(backend, AsyncFindAvailable) else None,
-            backend if isinstance(backend, AsyncAcquireMany) else None,
-            backend if isinstance(backend, AsyncReleaseWatching) else None,
+            cast(AsyncAcquireWithCheckpoint, backend)
+            if offered("acquire_with_checkpoint")
+            else None,
+            cast(AsyncRenewMany, backend) if offered("renew_many") else None,
+            cast(AsyncFindAvailable, backend) if offered("find_available") else None,
+            cast(AsyncAcquireMany, backend) if offered("acquire_many") else None,
+            cast(AsyncReleaseWatching, backend) if offered("watch_releases") else None,
         )

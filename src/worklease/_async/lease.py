@@ -159,8 +159,8 @@ class AsyncLease:
                 except Exception as exc:
                     if deadline is not None and monotonic() >= deadline:
                         raise TimeoutError(
-                            f"work ID {work_id!r}: no answer from the backend within the "
-                            f"{limit:g}s timeout"
+                            f"work ID {work_id!r}: the acquire did not succeed within the "
+                            f"{limit:g}s timeout ({type(exc).__name__}: {exc})"
                         ) from exc
                     raise
                 delay = pacing.next_delay(last_held.expires_at)
@@ -210,9 +210,15 @@ class AsyncLease:
 
     async def _hand_back(self, granted: tuple[Token, Checkpoint | None]) -> None:
         """Release a grant that arrived after its acquire was abandoned at the deadline
-        (nobody holds its token): the work ID is free again at once instead of after the
-        TTL. The checkpoint is kept; the successor sees ABANDONED."""
-        await self._backend.release(granted[0], ExitMode.ABANDONED)
+        (nobody holds its token), so the work ID is free again at once instead of after the
+        TTL. The checkpoint is kept, and so is how the holder before left when it declared
+        it (a retired work ID stays retired); otherwise the successor sees ABANDONED. The
+        previous holder's ID now names this holder: the grant did happen."""
+        token, prior = granted
+        if prior is None:
+            prior = await self._backend.read_checkpoint(token)
+        mode = prior.prev_exit if prior.prev_exit.declarable else ExitMode.ABANDONED
+        await self._backend.release(token, mode)
 
     async def _acquire_available(
         self, work_ids: list[str]

@@ -115,9 +115,12 @@ class AsyncPostgresBackend:
         kwargs["autocommit"] = True
         pool_kwargs.setdefault("check", AsyncConnectionPool.check_connection)
         pool_kwargs.setdefault("name", "worklease")
-        pool: AsyncConnectionPool[Any] = AsyncConnectionPool(
-            conninfo, open=False, kwargs=kwargs, **pool_kwargs
-        )
+        try:
+            pool: AsyncConnectionPool[Any] = AsyncConnectionPool(
+                conninfo, open=False, kwargs=kwargs, **pool_kwargs
+            )
+        except (TypeError, ValueError) as exc:  # a builder: the argument-error rule
+            raise ConfigError(f"connect: {exc}") from None
         backend = cls(pool, schema=schema, listen=listen)
         backend._owns_pool = True
         return backend
@@ -253,9 +256,13 @@ class AsyncPostgresBackend:
         *,
         pool: AsyncConnectionPool[Any] | None = None,
         timeout: float | None = None,
+        deadline_bound: bool = False,
     ) -> tuple[Rows, int]:
         """Execute one statement on a pooled connection; return the rows and row count of
-        its last result. ``timeout`` bounds the wait for a connection."""
+        its last result. ``timeout`` bounds the wait for a connection; with
+        ``deadline_bound`` the statement's ``statement_timeout`` parameter is set to what is
+        left of the caller's deadline once the connection is there (so a slow checkout does
+        not leave the statement more time than its caller)."""
         if self._closed:
             raise closed(operation)
         if pool is None:
@@ -263,6 +270,9 @@ class AsyncPostgresBackend:
             pool = self._pool
         try:
             async with pool.connection(timeout=timeout) as conn:
+                if deadline_bound:
+                    left = seconds_left()
+                    params["statement_timeout"] = statement_timeout(left or 0.0)
                 return await run_statement(conn, operation, statement, params)
         except psycopg.Error as exc:
             raise map_error(exc, operation) from exc
@@ -295,11 +305,13 @@ class AsyncPostgresBackend:
         # Bounded by the caller's deadline (a waiting acquire's timeout): the server ends a
         # statement stuck on a locked row in time, and it rolls back.
         left = seconds_left()
-        if left is not None:
-            params["statement_timeout"] = statement_timeout(left)
         statement = statements.acquire_statement(reading=reading, bounded=left is not None)
         rows, _ = await self._run(
-            "acquire", statement, params, timeout=None if left is None else max(left, 0.001)
+            "acquire",
+            statement,
+            params,
+            timeout=None if left is None else max(left, 0.001),
+            deadline_bound=left is not None,
         )
         grant = statements.acquired(rows, work_id, holder_id, reading=reading)
         if self._renewal_statements is None:

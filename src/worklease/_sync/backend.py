@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from typing import Protocol, cast, runtime_checkable
 
 from .._models import Checkpoint, ExitMode, Token
 from ..errors import LeaseLostError
@@ -156,10 +156,15 @@ class Capabilities:
 
     @classmethod
     def of(cls, backend: object) -> Capabilities:
+        # Looked up with getattr, not isinstance: since Python 3.12 a runtime protocol check
+        # reads attributes statically and would miss a proxy that delegates __getattr__.
+        def offered(name: str) -> bool:
+            return callable(getattr(backend, name, None))
+
         return cls(
-            backend if isinstance(backend, AcquireWithCheckpoint) else None,
-            backend if isinstance(backend, RenewMany) else None,
-            backend if isinstance(backend, FindAvailable) else None,
-            backend if isinstance(backend, AcquireMany) else None,
-            backend if isinstance(backend, ReleaseWatching) else None,
+            cast(AcquireWithCheckpoint, backend) if offered("acquire_with_checkpoint") else None,
+            cast(RenewMany, backend) if offered("renew_many") else None,
+            cast(FindAvailable, backend) if offered("find_available") else None,
+            cast(AcquireMany, backend) if offered("acquire_many") else None,
+            cast(ReleaseWatching, backend) if offered("watch_releases") else None,
         )
