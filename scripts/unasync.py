@@ -76,6 +76,7 @@ REPLACEMENTS: dict[str, str] = {
     "AsyncWorkFn": "WorkFn",
     "AsyncTokenCallback": "TokenCallback",
     "AsyncRenewTogether": "RenewTogether",
+    "AsyncReleaser": "Releaser",
     "AsyncLeader": "Leader",
     "AsyncPool": "Pool",
     "AsyncPostgresBackend": "PostgresBackend",
@@ -89,6 +90,8 @@ REPLACEMENTS: dict[str, str] = {
     "AsyncRenewMany": "RenewMany",
     "AsyncFindAvailable": "FindAvailable",
     "AsyncAcquireMany": "AcquireMany",
+    "AsyncReleaseMany": "ReleaseMany",
+    "AsyncSurvey": "Survey",
     "AsyncReleaseWatching": "ReleaseWatching",
     # compat pairs (worklease._acompat)
     "asleep": "sleep",
@@ -108,6 +111,8 @@ REPLACEMENTS: dict[str, str] = {
     "aworker_alive": "worker_alive",
     "aabandonable": "abandonable",
     "ARENEWER_LINGER": "RENEWER_LINGER",
+    "ABATCH_LINGER": "BATCH_LINGER",
+    "AsyncReleaseBatch": "ReleaseBatch",
     # a flavoured module imported by its path (tests importing a private piece)
     "_async": "_sync",
     # psycopg and psycopg_pool (import them from the package top level)

@@ -391,7 +391,7 @@ def test_pool_sync(probe: Probe) -> None:
     lease = Lease(
         MemoryBackend(clock=FakeClock()), holder_id="p", ttl=POOL_TTL, observer=probe.observer
     )
-    Pool(lease, ["retire-me", "broken"], pool_work, observer=probe.observer).run()
+    Pool(lease, ["retire-me", "broken"], pool_work, observer=probe.observer, fair_share=False).run()
     assert_pool(probe)
 
 
@@ -399,7 +399,9 @@ async def test_pool_async(probe: Probe) -> None:
     lease = AsyncLease(
         AsyncMemoryBackend(clock=FakeClock()), holder_id="p", ttl=POOL_TTL, observer=probe.observer
     )
-    await AsyncPool(lease, ["retire-me", "broken"], async_pool_work, observer=probe.observer).run()
+    await AsyncPool(
+        lease, ["retire-me", "broken"], async_pool_work, observer=probe.observer, fair_share=False
+    ).run()
     assert_pool(probe)
 
 
@@ -740,11 +742,15 @@ def test_logging_pool(caplog: pytest.LogCaptureFixture) -> None:
     )
     assert slots == [
         ("ERROR", "pool.slot_dead", "broken"),
+        ("INFO", "pool.balance", None),  # the fair-share scan that took both
         ("INFO", "pool.scan", None),
         ("INFO", "pool.slot_acquired", "broken"),
         ("INFO", "pool.slot_acquired", "retire-me"),
         ("INFO", "pool.slot_retired", "retire-me"),
     ]
+    balance = next(r for r in caplog.records if ex(r)["worklease_operation"] == "pool.balance")
+    assert (ex(balance)["worklease_members"], ex(balance)["worklease_target"]) == (1, 2)
+    assert ex(balance)["worklease_took"] == 2
     scan = next(r for r in caplog.records if ex(r)["worklease_operation"] == "pool.scan")
     assert ex(scan)["worklease_candidates"] == 2
     assert sorted(ex(scan)["worklease_acquired"]) == ["broken", "retire-me"]

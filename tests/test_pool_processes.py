@@ -94,7 +94,8 @@ def rows(dsn: str) -> dict[str, Row]:
     result = pg.execute(
         dsn,
         "SELECT work_id, holder_id, fencing_token, expires_at, checkpoint, exit_mode,"
-        " exit_mode IS NULL AND expires_at > now() FROM worklease_leases",
+        " exit_mode IS NULL AND expires_at > now() FROM worklease_leases"
+        " WHERE NOT starts_with(work_id, 'worklease.member/')",  # pool memberships
     )
     table = {}
     for work_id, holder_id, token, expires_at, state, exit_mode, live in result:

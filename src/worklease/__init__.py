@@ -15,7 +15,9 @@ from ._async.backend import AsyncAcquireMany as AsyncAcquireMany
 from ._async.backend import AsyncAcquireWithCheckpoint as AsyncAcquireWithCheckpoint
 from ._async.backend import AsyncBackend as AsyncBackend
 from ._async.backend import AsyncFindAvailable as AsyncFindAvailable
+from ._async.backend import AsyncReleaseMany as AsyncReleaseMany
 from ._async.backend import AsyncRenewMany as AsyncRenewMany
+from ._async.backend import AsyncSurvey as AsyncSurvey
 from ._async.hold import AsyncHold as AsyncHold
 from ._async.leader import AsyncLeader as AsyncLeader
 from ._async.lease import AsyncLease as AsyncLease
@@ -27,6 +29,7 @@ from ._async.runner import AsyncRunner as AsyncRunner
 from ._async.vacuum import AsyncVacuum as AsyncVacuum
 from ._async.watch import AsyncReleaseWatching as AsyncReleaseWatching
 from ._context import current_renewal as current_renewal
+from ._fairshare import PoolSurvey as PoolSurvey
 from ._models import Checkpoint as Checkpoint
 from ._models import ExitMode as ExitMode
 from ._models import Operation as Operation
@@ -36,7 +39,9 @@ from ._sync.backend import AcquireMany as AcquireMany
 from ._sync.backend import AcquireWithCheckpoint as AcquireWithCheckpoint
 from ._sync.backend import Backend as Backend
 from ._sync.backend import FindAvailable as FindAvailable
+from ._sync.backend import ReleaseMany as ReleaseMany
 from ._sync.backend import RenewMany as RenewMany
+from ._sync.backend import Survey as Survey
 from ._sync.hold import Hold as Hold
 from ._sync.leader import Leader as Leader
 from ._sync.lease import Lease as Lease
@@ -70,6 +75,7 @@ from .errors import LeaseHeldError as LeaseHeldError
 from .errors import LeaseLapsedError as LeaseLapsedError
 from .errors import LeaseLostError as LeaseLostError
 from .errors import LeaseRequiredError as LeaseRequiredError
+from .errors import LeaseShedError as LeaseShedError
 from .errors import LeaseWindowExhaustedError as LeaseWindowExhaustedError
 from .errors import PermanentError as PermanentError
 from .errors import PoolConfigError as PoolConfigError
@@ -81,6 +87,7 @@ from .errors import WorkFnRequiredError as WorkFnRequiredError
 from .errors import WorkleaseError as WorkleaseError
 from .errors import permanent as permanent
 from .observers import AcquireEvent as AcquireEvent
+from .observers import BalanceEvent as BalanceEvent
 from .observers import CheckpointEvent as CheckpointEvent
 from .observers import FencedEvent as FencedEvent
 from .observers import ForgetEvent as ForgetEvent
@@ -95,6 +102,7 @@ from .observers import SlotBackoffEvent as SlotBackoffEvent
 from .observers import SlotDeadEvent as SlotDeadEvent
 from .observers import SlotLostEvent as SlotLostEvent
 from .observers import SlotRetiredEvent as SlotRetiredEvent
+from .observers import SlotShedEvent as SlotShedEvent
 from .observers import SweepEvent as SweepEvent
 from .observers import VacuumObserver as VacuumObserver
 
@@ -117,13 +125,16 @@ __all__ = [
     "AsyncPool",
     "AsyncPostgresBackend",
     "AsyncReleaseWatching",
+    "AsyncReleaseMany",
     "AsyncRenewMany",
     "AsyncRenewal",
     "AsyncRunner",
+    "AsyncSurvey",
     "AsyncTokenCallback",
     "AsyncVacuum",
     "AsyncWorkFn",
     "Backend",
+    "BalanceEvent",
     "BackendError",
     "BackendRequiredError",
     "Backoff",
@@ -151,6 +162,7 @@ __all__ = [
     "LeaseLostError",
     "LeaseObserver",
     "LeaseRequiredError",
+    "LeaseShedError",
     "LeaseWindowExhaustedError",
     "MemoryBackend",
     "Operation",
@@ -160,10 +172,12 @@ __all__ = [
     "PoolConfigError",
     "PoolLeaseRequiredError",
     "PoolObserver",
+    "PoolSurvey",
     "PoolWorkFnRequiredError",
     "ReadCheckpointEvent",
     "ReleaseEvent",
     "ReleaseWatching",
+    "ReleaseMany",
     "RenewMany",
     "Renewal",
     "RenewEvent",
@@ -176,6 +190,8 @@ __all__ = [
     "SlotDeadEvent",
     "SlotLostEvent",
     "SlotRetiredEvent",
+    "SlotShedEvent",
+    "Survey",
     "SweepEvent",
     "Token",
     "TokenCallback",

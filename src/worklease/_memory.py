@@ -14,6 +14,7 @@ from datetime import UTC, datetime, timedelta
 
 from ._acompat import ThreadRLock
 from ._failures import closed, fenced, held, lease_expired
+from ._fairshare import PoolSurvey
 from ._models import Checkpoint, ExitMode, Token
 from ._validation import check_exit_mode, check_work_id, distinct_work_ids, normalize_state
 from .errors import LeaseHeldError, LeaseLostError
@@ -220,15 +221,63 @@ class MemoryStore:
         declared = check_exit_mode(mode)
         self._open("release")
         with self._lock:
-            row = self._owned(token, "release")
-            now = self.now()
-            if not now < row.expires_at:
-                raise lease_expired(token, "release", "the lease expired or was released")
-            row.exit_mode = declared
-            row.expires_at = now - RELEASE_OFFSET
-            row.updated_at = now
+            self._release(token, declared, "release")
         if self._on_release is not None:
             self._on_release(token.work_id)
+
+    def _release(self, token: Token, mode: ExitMode, operation: str) -> None:
+        row = self._owned(token, operation)
+        now = self.now()
+        if not now < row.expires_at:
+            raise lease_expired(token, operation, "the lease expired or was released")
+        row.exit_mode = mode
+        row.expires_at = now - RELEASE_OFFSET
+        row.updated_at = now
+
+    def release_many(self, tokens: Sequence[Token], mode: ExitMode) -> list[LeaseLostError | None]:
+        """Release every token with ``mode`` in one step; per token ``None`` or the error
+        ``release`` raises. Waiters are woken afterwards, outside the lock."""
+        declared = check_exit_mode(mode)
+        distinct_work_ids([token.work_id for token in tokens])
+        self._open("release_many")
+        outcomes: list[LeaseLostError | None] = []
+        with self._lock:
+            for token in tokens:
+                try:
+                    self._release(token, declared, "release")
+                except LeaseLostError as exc:
+                    outcomes.append(exc)
+                else:
+                    outcomes.append(None)
+        if self._on_release is not None:
+            for token, outcome in zip(tokens, outcomes, strict=True):
+                if outcome is None:
+                    self._on_release(token.work_id)
+        return outcomes
+
+    def survey(self, work_ids: Sequence[str], prefix: str) -> PoolSurvey:
+        """Who holds which of ``work_ids``, and the held leases whose work ID starts with
+        ``prefix`` (with their checkpoints), in one step; writes nothing."""
+        ids = distinct_work_ids(work_ids)
+        if not isinstance(prefix, str):
+            raise TypeError(f"prefix must be a str, not {type(prefix).__name__}")
+        self._open("survey")
+        with self._lock:
+            now = self.now()
+            free: list[str] = []
+            held: dict[str, int] = {}
+            for work_id in ids:
+                row = self._rows.get(work_id)
+                if row is None or now > row.expires_at:
+                    free.append(work_id)
+                else:
+                    held[row.holder_id] = held.get(row.holder_id, 0) + 1
+            members = {
+                row.holder_id: row.checkpoint
+                for work_id, row in self._rows.items()
+                if work_id.startswith(prefix) and now <= row.expires_at
+            }
+        return PoolSurvey(tuple(free), held, members)
 
     def read_checkpoint(self, token: Token) -> Checkpoint:
         self._open("read_checkpoint")

@@ -47,6 +47,7 @@ __all__ = [
     "acquire_options",
     "check_callable",
     "check_callbacks",
+    "check_count",
     "check_instance",
     "check_pool_work_ids",
     "configuring",
@@ -237,6 +238,15 @@ def check_callable(value: _T | None, name: str, error: type[_E]) -> _T:
     """``value`` when it is callable; ``error`` otherwise (``None`` included)."""
     if value is None or not callable(value):
         raise error(f"{name} is required and must be callable, not {value!r}")
+    return value
+
+
+def check_count(value: object, name: str, *, minimum: int = 0) -> int:
+    """A whole number of at least ``minimum`` (``TypeError``/``ValueError`` otherwise)."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int, not {value!r}")
+    if value < minimum:
+        raise ValueError(f"{name} must be at least {minimum}, got {value}")
     return value
 
 

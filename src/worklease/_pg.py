@@ -25,6 +25,7 @@ from psycopg import errors as pg_errors
 from psycopg import sql
 
 from ._failures import fenced, held, lease_expired
+from ._fairshare import PoolSurvey
 from ._models import Checkpoint, ExitMode, Token
 from .errors import BackendError, ConfigError, LeaseLostError
 
@@ -239,6 +240,55 @@ LEFT JOIN locked AS k ON k.work_id = i.work_id
 LEFT JOIN renewed AS r ON r.work_id = i.work_id
 ORDER BY i.n"""
         )
+        # release for many tokens, one exit mode: per input token the (released, expired)
+        # pair of release, locking in work_id order like renew_many.
+        self.release_many = build(
+            f"""WITH input AS (
+    SELECT * FROM unnest(%(work_ids)s::text[], %(holder_ids)s::text[], %(tokens)s::bigint[])
+        WITH ORDINALITY AS i(work_id, holder_id, fencing_token, n)
+), locked AS (
+    SELECT l.work_id, l.exit_mode, l.expires_at
+    FROM {{table}} AS l
+    JOIN input AS i ON l.work_id = i.work_id AND l.holder_id = i.holder_id
+        AND l.fencing_token = i.fencing_token
+    ORDER BY l.work_id
+    FOR UPDATE OF l
+), released AS (
+    UPDATE {{table}} AS l
+    SET exit_mode = %(mode)s, expires_at = now() - interval '1 millisecond', updated_at = now()
+    FROM input AS i
+    WHERE l.work_id = i.work_id AND l.holder_id = i.holder_id
+        AND l.fencing_token = i.fencing_token AND l.expires_at > now()
+        AND l.work_id IN (SELECT work_id FROM locked)
+    RETURNING l.work_id, pg_notify('{RELEASE_CHANNEL}', l.work_id)
+)
+SELECT r.work_id IS NOT NULL,
+       k.exit_mode IS NOT NULL OR k.expires_at <= now()
+FROM input AS i
+LEFT JOIN locked AS k ON k.work_id = i.work_id
+LEFT JOIN released AS r ON r.work_id = i.work_id
+ORDER BY i.n"""
+        )
+        # A pool's view of its group in one read: the free work IDs (input order), how many
+        # each holder holds, and the live memberships with their checkpoints. Few rows once
+        # everything is held, however many work IDs the pool has.
+        self.survey = build(
+            """WITH input AS (
+    SELECT w.work_id, w.n, l.holder_id, l.expires_at >= now() AS held
+    FROM unnest(%(work_ids)s::text[]) WITH ORDINALITY AS w(work_id, n)
+    LEFT JOIN {table} AS l ON l.work_id = w.work_id
+)
+SELECT 'free' AS kind, work_id, NULL::text, NULL::bigint, NULL::bytea, n
+FROM input WHERE held IS NOT TRUE
+UNION ALL
+SELECT 'held', NULL, holder_id, count(*), NULL, NULL
+FROM input WHERE held GROUP BY holder_id
+UNION ALL
+SELECT 'member', NULL, holder_id, NULL, checkpoint, NULL
+FROM {table}
+WHERE starts_with(work_id, %(prefix)s) AND expires_at >= now()
+ORDER BY 1, 6"""
+        )
         self.checkpoint = build(
             f"""WITH written AS (
     UPDATE {{table}} SET checkpoint = %(state)s, expires_at = now() + %(ttl)s, updated_at = now()
@@ -375,20 +425,50 @@ ORDER BY work_id"""
 
     @staticmethod
     def renewed_many(
-        rows: list[tuple[Any, ...]], tokens: Sequence[Token]
+        rows: Rows, tokens: Sequence[Token], operation: str = "renew"
     ) -> list[LeaseLostError | None]:
-        """Per token of a ``renew_many`` statement: ``None`` or the error ``renew`` raises."""
+        """Per token of a ``renew_many`` or ``release_many`` statement: ``None`` or the error
+        the single operation raises."""
         if len(rows) != len(tokens):
-            raise BackendError(f"renew_many: {len(rows)} results for {len(tokens)} tokens")
+            raise BackendError(f"{operation}_many: {len(rows)} results for {len(tokens)} tokens")
         outcomes: list[LeaseLostError | None] = []
         for token, (done, expired) in zip(tokens, rows, strict=True):
             if done:
                 outcomes.append(None)
             elif expired:
-                outcomes.append(lease_expired(token, "renew", "the lease expired or was released"))
+                outcomes.append(
+                    lease_expired(token, operation, "the lease expired or was released")
+                )
             else:
-                outcomes.append(fenced(token, "renew"))
+                outcomes.append(fenced(token, operation))
         return outcomes
+
+    @staticmethod
+    def surveyed(rows: Rows) -> PoolSurvey:
+        """The result of a ``survey`` statement."""
+        free: list[str] = []
+        held: dict[str, int] = {}
+        members: dict[str, bytes | None] = {}
+        for row in map(_SurveyRow._make, rows):
+            if row.kind == "free":
+                assert row.work_id is not None
+                free.append(row.work_id)
+            elif row.kind == "held":
+                assert row.holder_id is not None
+                held[row.holder_id] = int(row.held or 0)
+            else:
+                assert row.holder_id is not None
+                members[row.holder_id] = bytes(row.checkpoint) if row.checkpoint else None
+        return PoolSurvey(tuple(free), held, members)
+
+    @staticmethod
+    def batch_params(tokens: Sequence[Token]) -> dict[str, Any]:
+        """The parameters that name a batch of tokens (``renew_many``, ``release_many``)."""
+        return {
+            "work_ids": [token.work_id for token in tokens],
+            "holder_ids": [token.holder_id for token in tokens],
+            "tokens": [token.fencing_token for token in tokens],
+        }
 
     @staticmethod
     def checkpoint_row(rows: Rows, token: Token) -> Checkpoint:
@@ -427,6 +507,15 @@ class _GrantedRow(NamedTuple):
     prev_exit_mode: str | None
     prev_holder_id: str | None
     schema: str | None
+
+
+class _SurveyRow(NamedTuple):
+    kind: str
+    work_id: str | None
+    holder_id: str | None
+    held: int | None
+    checkpoint: bytes | None
+    position: int | None
 
 
 class _CheckpointRow(NamedTuple):

@@ -148,10 +148,16 @@ class LeaseReporter:
 
     def release(self, token: Token, mode: ExitMode) -> Reported[None]:
         def finish(duration: float, error: Exception | None, _: None) -> None:
-            notify(self.observer.on_release, ReleaseEvent(token, mode, duration, error))
-            self._fenced(token, Operation.RELEASE, error)
+            self.released(token, mode, duration, error)
 
         return Reported(finish)
+
+    def released(
+        self, token: Token, mode: ExitMode, duration: float, error: Exception | None
+    ) -> None:
+        """One token's release (alone, or its share of a batch)."""
+        notify(self.observer.on_release, ReleaseEvent(token, mode, duration, error))
+        self._fenced(token, Operation.RELEASE, error)
 
     def forget(self, token: Token) -> Reported[None]:
         def finish(duration: float, error: Exception | None, _: None) -> None:

@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import Any
 
-from ._models import Checkpoint, Token
+from ._models import Checkpoint, ExitMode, Token
 
 __all__ = [
+    "AsyncReleaser",
     "AsyncRenewTogether",
     "AsyncTokenCallback",
     "AsyncWorkFn",
+    "Releaser",
     "RenewTogether",
     "TokenCallback",
     "WorkFn",
@@ -32,4 +35,10 @@ AsyncRenewTogether = Callable[[list[Token], list[int], float], Awaitable[list[Ex
 token's outcome (``None``: renewed), each already reported to the observer."""
 
 RenewTogether = Callable[[list[Token], list[int], float], list[Exception | None]]
+"""The same for threads."""
+
+AsyncReleaser = Callable[[Token, ExitMode], Coroutine[Any, Any, None]]
+"""Releases one lease (``lease.release``, or a pool's batched release)."""
+
+Releaser = Callable[[Token, ExitMode], None]
 """The same for threads."""

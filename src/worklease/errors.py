@@ -20,7 +20,8 @@
     │   ├── FencedError                 a newer token exists, or the row is gone
     │   ├── LeaseExpiredError           the lease lapsed or its exit was already declared
     │   ├── LeaseWindowExhaustedError   renewal could not succeed before the window closed
-    │   └── LeaseLapsedError            (both of the two above) renewal found the lease lapsed
+    │   ├── LeaseLapsedError            (both of the two above) renewal found the lease lapsed
+    │   └── LeaseShedError              a pool hands the work ID back (fair share, or stop)
     ├── InvalidExitModeError (also ValueError)
     ├── AllSlotsDeadError               every pool slot failed permanently
     ├── BackendError                    a storage/driver failure (chained with ``raise ... from``)
@@ -73,6 +74,7 @@ __all__ = [
     "LeaseLapsedError",
     "LeaseLostError",
     "LeaseRequiredError",
+    "LeaseShedError",
     "LeaseWindowExhaustedError",
     "PermanentError",
     "PoolConfigError",
@@ -243,6 +245,19 @@ class LeaseWindowExhaustedError(LeaseLostError):
 
 class LeaseLapsedError(LeaseWindowExhaustedError, LeaseExpiredError):
     """A renewal found the lease already lapsed (it is both window-exhausted and expired)."""
+
+    __module__ = "worklease"
+
+
+class LeaseShedError(LeaseLostError):
+    """A pool is handing this work ID back: another member takes it over (fair share), or
+    the pool stops. Stop working on it.
+
+    ``raise_if_lost()`` raises it (with asyncio the block is cancelled and raises it) once
+    the pool decided. Unlike a real loss the lease is still held while the work stops: the
+    pool writes the state the work function returns (or keeps the last checkpoint it wrote)
+    and releases ABANDONED, so the next holder resumes from it at once.
+    """
 
     __module__ = "worklease"
 

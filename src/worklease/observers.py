@@ -17,6 +17,7 @@ from ._models import ExitMode, Operation, Token
 
 __all__ = [
     "AcquireEvent",
+    "BalanceEvent",
     "CheckpointEvent",
     "FencedEvent",
     "ForgetEvent",
@@ -31,6 +32,7 @@ __all__ = [
     "SlotDeadEvent",
     "SlotLostEvent",
     "SlotRetiredEvent",
+    "SlotShedEvent",
     "SweepEvent",
     "VacuumObserver",
 ]
@@ -184,6 +186,34 @@ class ScanEvent:
 
 
 @dataclass(frozen=True, slots=True)
+class BalanceEvent:
+    """One fair-share scan of a pool: the live ``members`` of its group (itself included),
+    its ``target`` and the work IDs it ``held`` before the scan, the free ones it ``took`` and
+    those it began to ``shed``, and how many are ``uncovered`` because every member is at its
+    ``max_work_ids``."""
+
+    __module__ = "worklease"
+
+    group: str
+    members: int
+    target: int
+    held: int
+    took: tuple[str, ...]
+    shed: tuple[str, ...]
+    uncovered: int
+
+
+@dataclass(frozen=True, slots=True)
+class SlotShedEvent:
+    """A pool slot is handing its work ID to another member (fair share): its work is told
+    to stop, its final checkpoint written and the lease released ABANDONED."""
+
+    __module__ = "worklease"
+
+    work_id: str
+
+
+@dataclass(frozen=True, slots=True)
 class SlotDeadEvent:
     """A pool slot failed permanently and stopped."""
 
@@ -264,6 +294,12 @@ class PoolObserver:
 
     def on_scan(self, event: ScanEvent) -> None:
         """The pool scanned for free work IDs (once per idle interval, or on a release)."""
+
+    def on_balance(self, event: BalanceEvent) -> None:
+        """A fair-share scan computed this member's target and moves (after ``on_scan``)."""
+
+    def on_slot_shed(self, event: SlotShedEvent) -> None:
+        """A slot began handing its work ID to another member."""
 
 
 _E = TypeVar("_E")

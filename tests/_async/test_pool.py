@@ -34,6 +34,7 @@ from worklease import (
     PermanentError,
     PoolConfigError,
     PoolLeaseRequiredError,
+    PoolSurvey,
     PoolWorkFnRequiredError,
     Retire,
     Token,
@@ -55,8 +56,6 @@ from worklease.observers import (
 from worklease.testing import RecordingObserver
 
 from .helpers import settle_listener, spin
-
-_IS_SYNC = False
 
 HOLDER = "pool-a"
 TTL = 5.0
@@ -315,7 +314,8 @@ async def test_all_slots_run_until_stopped(
     lease: AsyncLease, rival: AsyncLease, slots: Slots
 ) -> None:
     """Every slot acquires and shows in active_slots() while its work runs; stop() ends run;
-    every running slot releases (ABANDONED: cancelled; threads: the work finishes first)."""
+    every running slot releases ABANDONED keeping its checkpoint (asyncio: cancelled;
+    threads: told through raise_if_lost(), or here by polling ``stopping``)."""
     ids = ["w1", "w2", "w3"]
     seen: list[frozenset[str]] = []
     tokens: dict[str, Token] = {}
@@ -342,9 +342,8 @@ async def test_all_slots_run_until_stopped(
     assert seen == [frozenset(ids)]
     assert sorted(slots.kinds()) == ["acquired"] * 3
     assert {e.work_id: e.token for e in slots.events if isinstance(e, SlotAcquiredEvent)} == tokens
-    mode = ExitMode.FINISHED if _IS_SYNC else ExitMode.ABANDONED
     for work_id in ids:
-        expected = Checkpoint(b"progress " + work_id.encode(), mode, HOLDER)
+        expected = Checkpoint(b"progress " + work_id.encode(), ExitMode.ABANDONED, HOLDER)
         assert await successor_reads(rival, work_id) == expected
 
 
@@ -740,7 +739,15 @@ async def test_scan_takes_every_free_work_id_in_one_batch() -> None:
         await spin_until_stopped(pool)
         return None
 
-    pool = AsyncPool(lease, ids, work, observer=scans, idle_interval=0.05, rerun_interval=LONG)
+    pool = AsyncPool(
+        lease,
+        ids,
+        work,
+        observer=scans,
+        idle_interval=0.05,
+        rerun_interval=LONG,
+        fair_share=False,  # the plain scan: every free work ID, whoever else runs a pool
+    )
 
     def all_mine() -> bool:
         return pool.active_slots() == frozenset(ids)
@@ -787,7 +794,8 @@ async def test_backend_without_batches_is_scanned_one_acquire_at_a_time() -> Non
     assert all(event.acquired == () for event, _ in scans.scans[1:])
 
 
-async def test_a_failed_scan_is_reported_and_retried_after_the_backoff() -> None:
+@pytest.mark.parametrize("fair_share", [False, True], ids=["scan", "fair-share"])
+async def test_a_failed_scan_is_reported_and_retried_after_the_backoff(fair_share: bool) -> None:
     class FailingOnce(CountingMemory):
         failed = False
 
@@ -797,6 +805,12 @@ async def test_a_failed_scan_is_reported_and_retried_after_the_backoff() -> None
                 raise ValueError("scan trouble")
             return await super().find_available(work_ids)
 
+        async def survey(self, work_ids: Sequence[str], prefix: str) -> PoolSurvey:
+            if not self.failed:
+                self.failed = True
+                raise ValueError("scan trouble")
+            return await super().survey(work_ids, prefix)
+
     backend = FailingOnce()
     lease = AsyncLease(backend, holder_id=HOLDER, ttl=TTL)
     scans = Scans()
@@ -804,7 +818,15 @@ async def test_a_failed_scan_is_reported_and_retried_after_the_backoff() -> None
     async def work(token: Token, prior: Checkpoint) -> bytes | None:
         raise Retire
 
-    pool = AsyncPool(lease, ["job"], work, observer=scans, idle_interval=LONG, backoff_interval=0.2)
+    pool = AsyncPool(
+        lease,
+        ["job"],
+        work,
+        observer=scans,
+        idle_interval=LONG,
+        backoff_interval=0.2,
+        fair_share=fair_share,
+    )
     assert await drive(pool) is None
     (failed, failed_at), (ok, ok_at) = scans.scans[:2]
     assert isinstance(failed.error, ValueError)

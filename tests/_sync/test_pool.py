@@ -37,6 +37,7 @@ from worklease import (
     Pool,
     PoolConfigError,
     PoolLeaseRequiredError,
+    PoolSurvey,
     PoolWorkFnRequiredError,
     Retire,
     Token,
@@ -58,8 +59,6 @@ from worklease.observers import (
 from worklease.testing import RecordingObserver
 
 from .helpers import settle_listener, spin
-
-_IS_SYNC = True
 
 HOLDER = "pool-a"
 TTL = 5.0
@@ -316,7 +315,8 @@ def test_work_ids_any_iterable(memory_lease: Lease) -> None:
 
 def test_all_slots_run_until_stopped(lease: Lease, rival: Lease, slots: Slots) -> None:
     """Every slot acquires and shows in active_slots() while its work runs; stop() ends run;
-    every running slot releases (ABANDONED: cancelled; threads: the work finishes first)."""
+    every running slot releases ABANDONED keeping its checkpoint (asyncio: cancelled;
+    threads: told through raise_if_lost(), or here by polling ``stopping``)."""
     ids = ["w1", "w2", "w3"]
     seen: list[frozenset[str]] = []
     tokens: dict[str, Token] = {}
@@ -343,9 +343,8 @@ def test_all_slots_run_until_stopped(lease: Lease, rival: Lease, slots: Slots) -
     assert seen == [frozenset(ids)]
     assert sorted(slots.kinds()) == ["acquired"] * 3
     assert {e.work_id: e.token for e in slots.events if isinstance(e, SlotAcquiredEvent)} == tokens
-    mode = ExitMode.FINISHED if _IS_SYNC else ExitMode.ABANDONED
     for work_id in ids:
-        expected = Checkpoint(b"progress " + work_id.encode(), mode, HOLDER)
+        expected = Checkpoint(b"progress " + work_id.encode(), ExitMode.ABANDONED, HOLDER)
         assert successor_reads(rival, work_id) == expected
 
 
@@ -723,7 +722,15 @@ def test_scan_takes_every_free_work_id_in_one_batch() -> None:
         spin_until_stopped(pool)
         return None
 
-    pool = Pool(lease, ids, work, observer=scans, idle_interval=0.05, rerun_interval=LONG)
+    pool = Pool(
+        lease,
+        ids,
+        work,
+        observer=scans,
+        idle_interval=0.05,
+        rerun_interval=LONG,
+        fair_share=False,  # the plain scan: every free work ID, whoever else runs a pool
+    )
 
     def all_mine() -> bool:
         return pool.active_slots() == frozenset(ids)
@@ -770,7 +777,8 @@ def test_backend_without_batches_is_scanned_one_acquire_at_a_time() -> None:
     assert all(event.acquired == () for event, _ in scans.scans[1:])
 
 
-def test_a_failed_scan_is_reported_and_retried_after_the_backoff() -> None:
+@pytest.mark.parametrize("fair_share", [False, True], ids=["scan", "fair-share"])
+def test_a_failed_scan_is_reported_and_retried_after_the_backoff(fair_share: bool) -> None:
     class FailingOnce(CountingMemory):
         failed = False
 
@@ -780,6 +788,12 @@ def test_a_failed_scan_is_reported_and_retried_after_the_backoff() -> None:
                 raise ValueError("scan trouble")
             return super().find_available(work_ids)
 
+        def survey(self, work_ids: Sequence[str], prefix: str) -> PoolSurvey:
+            if not self.failed:
+                self.failed = True
+                raise ValueError("scan trouble")
+            return super().survey(work_ids, prefix)
+
     backend = FailingOnce()
     lease = Lease(backend, holder_id=HOLDER, ttl=TTL)
     scans = Scans()
@@ -787,7 +801,15 @@ def test_a_failed_scan_is_reported_and_retried_after_the_backoff() -> None:
     def work(token: Token, prior: Checkpoint) -> bytes | None:
         raise Retire
 
-    pool = Pool(lease, ["job"], work, observer=scans, idle_interval=LONG, backoff_interval=0.2)
+    pool = Pool(
+        lease,
+        ["job"],
+        work,
+        observer=scans,
+        idle_interval=LONG,
+        backoff_interval=0.2,
+        fair_share=fair_share,
+    )
     assert drive(pool) is None
     (failed, failed_at), (ok, ok_at) = scans.scans[:2]
     assert isinstance(failed.error, ValueError)

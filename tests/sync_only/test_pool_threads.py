@@ -153,8 +153,9 @@ def test_stop_from_another_thread_wakes_waiting_slots(backend: MemoryBackend) ->
 
 
 def test_running_work_finishes_before_run_returns(backend: MemoryBackend) -> None:
-    """stop(): a running work function is not interrupted; it may poll ``stopping``; what it
-    returns is written and the lease released FINISHED before run() returns."""
+    """stop(): a running work function is not interrupted (a thread cannot be); it may poll
+    ``stopping`` (or ``raise_if_lost()``, which raises LeaseShedError); what it returns is
+    written and the lease released ABANDONED before run() returns, as with asyncio."""
     lease = Lease(backend, holder_id="pool-a", ttl=TTL)
     finished: list[bool] = []
 
@@ -176,7 +177,7 @@ def test_running_work_finishes_before_run_returns(backend: MemoryBackend) -> Non
     ((work_id, exit_mode, state),) = [
         (r.work_id, r.exit_mode, r.checkpoint) for r in backend.rows()
     ]
-    assert (work_id, exit_mode, state) == ("job", ExitMode.FINISHED, b"final")
+    assert (work_id, exit_mode, state) == ("job", ExitMode.ABANDONED, b"final")
 
 
 def test_leader_stop_from_another_thread(backend: MemoryBackend) -> None:

@@ -6,6 +6,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol, cast, runtime_checkable
 
+from .._fairshare import PoolSurvey
 from .._models import Checkpoint, ExitMode, Token
 from ..errors import LeaseLostError
 from .watch import AsyncReleaseWatching
@@ -16,7 +17,9 @@ __all__ = [
     "AsyncBackend",
     "AsyncCapabilities",
     "AsyncFindAvailable",
+    "AsyncReleaseMany",
     "AsyncRenewMany",
+    "AsyncSurvey",
     "AsyncReleaseWatching",
 ]
 
@@ -68,6 +71,14 @@ class AsyncBackend(Protocol):
       the new holder's checkpoint for each, in input order; work IDs held by somebody are left
       out. Work IDs must be valid and distinct (checked before any I/O). Pools use
       ``find_available`` and ``acquire_many`` to scan for and take free work.
+    - ``release_many(tokens, mode) -> list[LeaseLostError | None]`` releases many leases with
+      one exit mode in one step, per token like ``renew_many`` (``None``: released, else what
+      ``release`` would have raised); the mode is checked first (``InvalidExitModeError``).
+      A pool stops, and sheds, with it.
+    - ``survey(work_ids, prefix) -> PoolSurvey`` reads, in one step, the holder of every
+      listed work ID whose lease is held, and every held lease whose work ID starts with
+      ``prefix`` with its checkpoint (a pool group's memberships); it writes nothing.
+      Fair-share pools need it (without it a pool takes whatever is free).
     - ``watch_releases(work_ids)`` returns a watch (a context manager with ``wait(timeout)``
       returning whether a release of one of the work IDs was seen, see ``ReleaseWatch``) or
       ``None`` when the backend cannot notify; waiting acquires, leaders and pools then wake
@@ -115,6 +126,22 @@ class AsyncRenewMany(Protocol):
 
 
 @runtime_checkable
+class AsyncReleaseMany(Protocol):
+    """Releases many leases with one exit mode in one step; one outcome per token."""
+
+    async def release_many(
+        self, tokens: Sequence[Token], mode: ExitMode
+    ) -> list[LeaseLostError | None]: ...
+
+
+@runtime_checkable
+class AsyncSurvey(Protocol):
+    """Reads who holds which work IDs of a pool group, and its live members, in one step."""
+
+    async def survey(self, work_ids: Sequence[str], prefix: str) -> PoolSurvey: ...
+
+
+@runtime_checkable
 class AsyncFindAvailable(Protocol):
     """Tells which work IDs an acquire would grant now, writing nothing."""
 
@@ -133,6 +160,8 @@ class AsyncAcquireMany(Protocol):
 for _protocol in (
     AsyncAcquireWithCheckpoint,
     AsyncRenewMany,
+    AsyncReleaseMany,
+    AsyncSurvey,
     AsyncFindAvailable,
     AsyncAcquireMany,
 ):
@@ -152,6 +181,8 @@ class AsyncCapabilities:
     find_available: AsyncFindAvailable | None
     acquire_many: AsyncAcquireMany | None
     watch_releases: AsyncReleaseWatching | None
+    release_many: AsyncReleaseMany | None = None
+    survey: AsyncSurvey | None = None
 
     @classmethod
     def of(cls, backend: object) -> AsyncCapabilities:
@@ -168,4 +199,6 @@ class AsyncCapabilities:
             cast(AsyncFindAvailable, backend) if offered("find_available") else None,
             cast(AsyncAcquireMany, backend) if offered("acquire_many") else None,
             cast(AsyncReleaseWatching, backend) if offered("watch_releases") else None,
+            cast(AsyncReleaseMany, backend) if offered("release_many") else None,
+            cast(AsyncSurvey, backend) if offered("survey") else None,
         )

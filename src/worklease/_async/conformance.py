@@ -61,7 +61,9 @@ from .backend import (
     AsyncBackend,
     AsyncCapabilities,
     AsyncFindAvailable,
+    AsyncReleaseMany,
     AsyncRenewMany,
+    AsyncSurvey,
 )
 from .watch import AsyncReleaseWatching
 
@@ -1009,6 +1011,95 @@ class AsyncBackendConformance:
         cp = await backend.read_checkpoint(token)
         assert cp.state == b"good"
 
+    # -- Extra: release_many and survey (fair-share pools) --------------------------------------
+
+    async def test_release_many_releases_each_token_like_release(
+        self, backend: AsyncBackend
+    ) -> None:
+        """Extra: release_many gives, per token, what release would (None when released,
+        fenced for a superseded or forged token, expired for a lapsed or released one);
+        the released ones are free at once with their checkpoints and the declared exit,
+        the others are left as they were."""
+        release_many = self.optional(backend, "release_many")
+        first = await backend.acquire("r-first", "holder-a", self.NORMAL_TTL)
+        await backend.checkpoint(first, b"kept", self.NORMAL_TTL)
+        second = await backend.acquire("r-second", "holder-a", self.NORMAL_TTL)
+        superseded = await backend.acquire("r-superseded", "holder-a", self.EXPIRED_TTL)
+        successor = await backend.acquire("r-superseded", "holder-b", self.NORMAL_TTL)
+        lapsed = await backend.acquire("r-lapsed", "holder-a", self.EXPIRED_TTL)
+        released = await backend.acquire("r-released", "holder-a", self.NORMAL_TTL)
+        await backend.release(released, ExitMode.FINISHED)
+        real = await backend.acquire("r-forged", "holder-c", self.NORMAL_TTL)
+        forged = dataclasses.replace(real, holder_id="holder-a")
+        tokens = [first, superseded, lapsed, released, forged, self.NEVER, second]
+        expected: list[type[LeaseLostError] | None] = [
+            None,
+            FencedError,
+            LeaseExpiredError,
+            LeaseExpiredError,
+            FencedError,
+            FencedError,
+            None,
+        ]
+        outcomes = await release_many(tokens, ExitMode.ABANDONED)
+        assert len(outcomes) == len(tokens)
+        for token, outcome, kind in zip(tokens, outcomes, expected, strict=True):
+            if kind is None:
+                assert outcome is None, (token, outcome)
+            else:
+                assert isinstance(outcome, kind), (token, outcome)
+        for token, state in ((first, b"kept"), (second, None)):
+            after = await backend.acquire(token.work_id, "holder-d", self.NORMAL_TTL)
+            assert await backend.read_checkpoint(after) == Checkpoint(
+                state, ExitMode.ABANDONED, "holder-a"
+            )
+        await backend.renew(successor, self.NORMAL_TTL)  # untouched
+        await backend.renew(real, self.NORMAL_TTL)
+        after = await backend.acquire("r-released", "holder-d", self.NORMAL_TTL)
+        assert (await backend.read_checkpoint(after)).prev_exit is ExitMode.FINISHED
+
+    async def test_release_many_checks_mode_and_batch_first(self, backend: AsyncBackend) -> None:
+        """Extra: an undeclarable mode raises InvalidExitModeError and a repeated work ID
+        ValueError, before anything is released; an empty batch gives []."""
+        release_many = self.optional(backend, "release_many")
+        token = await backend.acquire("r1", "holder-a", self.NORMAL_TTL)
+        for mode in (ExitMode.EXPIRED, ExitMode.NONE, "bogus"):
+            with pytest.raises(InvalidExitModeError):
+                await release_many([token], mode)
+        with pytest.raises(ValueError):
+            await release_many([token, token], ExitMode.FINISHED)
+        assert await release_many([], ExitMode.FINISHED) == []
+        with pytest.raises(LeaseHeldError):
+            await backend.acquire("r1", "holder-b", self.NORMAL_TTL)
+
+    async def test_survey_counts_holders_and_finds_members(self, backend: AsyncBackend) -> None:
+        """Extra: survey gives the free work IDs in input order (never acquired, lapsed or
+        released), how many each holder holds, and the held leases under the prefix with
+        their checkpoints (a lapsed one, or one under another prefix, is no member); it
+        writes nothing."""
+        survey = self.optional(backend, "survey")
+        for work_id in ("s-a1", "s-a2"):
+            await backend.acquire(work_id, "holder-a", self.NORMAL_TTL)
+        await backend.acquire("s-b1", "holder-b", self.NORMAL_TTL)
+        await backend.acquire("s-lapsed", "holder-b", self.EXPIRED_TTL)
+        released = await backend.acquire("s-released", "holder-a", self.NORMAL_TTL)
+        await backend.release(released, ExitMode.FINISHED)
+        member_a = await backend.acquire("grp/a", "holder-a", self.NORMAL_TTL)
+        await backend.checkpoint(member_a, b'{"cap":3}', self.NORMAL_TTL)
+        await backend.acquire("grp/b", "holder-b", self.NORMAL_TTL)
+        await backend.acquire("grp/gone", "holder-c", self.EXPIRED_TTL)
+        await backend.acquire("grpx/d", "holder-d", self.NORMAL_TTL)
+        ids = ["s-never", "s-a1", "s-lapsed", "s-b1", "s-released", "s-a2"]
+        result = await survey(ids, "grp/")
+        assert result.free == ("s-never", "s-lapsed", "s-released")
+        assert dict(result.held) == {"holder-a": 2, "holder-b": 1}
+        assert dict(result.members) == {"holder-a": b'{"cap":3}', "holder-b": None}
+        again = await survey(ids, "grp/")
+        assert again == result
+        assert (await survey([], "nothing/")).free == ()
+        fresh = await backend.acquire("s-never", "holder-e", self.NORMAL_TTL)
+        assert (await backend.read_checkpoint(fresh)).prev_exit is ExitMode.NONE
+
     # -- Extra: durations, flags and the optional capabilities ----------------------------------
 
     BAD_TTLS: ClassVar[tuple[float, ...]] = (math.inf, -math.inf, math.nan, 1e12, MAX_DURATION * 2)
@@ -1051,6 +1142,8 @@ class AsyncBackendConformance:
         ("find_available", AsyncFindAvailable),
         ("acquire_many", AsyncAcquireMany),
         ("watch_releases", AsyncReleaseWatching),
+        ("release_many", AsyncReleaseMany),
+        ("survey", AsyncSurvey),
     )
 
     async def test_optional_methods_match_their_protocols(self, backend: AsyncBackend) -> None:

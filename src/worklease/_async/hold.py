@@ -8,9 +8,10 @@ from typing import Protocol
 from .._acompat import acleanup
 from .._models import Checkpoint, ExitMode, Token
 from .._options import AcquireOptions, HoldOptions, RenewalOptions
+from .._types import AsyncReleaser
 from .._validation import normalize_state
 from .._window import fresh
-from ..errors import FencedError, Retire
+from ..errors import FencedError, LeaseShedError, Retire
 from .backend import StateLike
 from .renewal import AsyncRenewal
 
@@ -49,7 +50,11 @@ class AsyncHold:
       exception propagates;
     - the lease was lost, or the block raised ``FencedError`` → nothing is written (the
       successor sees EXPIRED); the loss propagates (also when the block raised ``Retire``);
-    - the block already released or forgot the lease itself → nothing more is written.
+    - the block already released or forgot the lease itself → nothing more is written;
+    - a fair-share pool handed the work ID over (the renewal was shed: the block was told to
+      stop) → the state given to ``finish_with`` (if the block returned) is checkpointed,
+      then ABANDONED, so the next member resumes from it; ``LeaseShedError`` from the block
+      does not propagate.
 
     The final writes are bounded by ``cleanup_timeout`` seconds and survive a cancellation
     that arrives meanwhile. If reading the checkpoint fails, nothing is released (the lease
@@ -64,8 +69,10 @@ class AsyncHold:
         work_id: str,
         options: HoldOptions,
         granted: tuple[Token, Checkpoint | None] | None = None,
+        release: AsyncReleaser | None = None,
     ) -> None:
         self._lease = lease
+        self._release: AsyncReleaser = release if release is not None else lease.release
         self._granted = granted
         self._work_id = work_id
         self._options = options
@@ -130,7 +137,7 @@ class AsyncHold:
             raise  # the lease lapses after its TTL: the successor sees EXPIRED
         except BaseException as exc:  # cancelled or interrupted: hand the lease back
             try:
-                await acleanup(self._cleanup_timeout, lease.release, token, ExitMode.ABANDONED)
+                await acleanup(self._cleanup_timeout, self._release, token, ExitMode.ABANDONED)
             except Exception as release_error:
                 exc.add_note(f"worklease: releasing as abandoned failed: {release_error!r}")
             raise
@@ -144,7 +151,10 @@ class AsyncHold:
         tb: TracebackType | None,
     ) -> bool:
         renewal = self.renewal
-        await renewal.__aexit__(exc_type, exc, tb)  # raises the loss cause when lost
+        try:
+            await renewal.__aexit__(exc_type, exc, tb)  # raises the loss cause when lost
+        except LeaseShedError as handed_over:
+            exc = handed_over  # the block was cancelled to hand the work ID over
         cause = renewal.cause
         if cause is not None:
             if isinstance(exc, Retire):  # nothing was recorded: not a success
@@ -153,30 +163,45 @@ class AsyncHold:
         token = self.token
         if isinstance(exc, FencedError) or self._lease._given_up(token):
             return False  # a zombie records nothing; a lease given up in the block is done
+        release = self._release
         if isinstance(exc, Retire):
             await acleanup(
-                self._cleanup_timeout, finish, self._lease, token, exc.state, ExitMode.RETIRED
+                self._cleanup_timeout,
+                finish,
+                self._lease,
+                token,
+                exc.state,
+                ExitMode.RETIRED,
+                release,
             )
             return True
-        mode = ExitMode.FINISHED if exc is None else ExitMode.ABANDONED
+        shed = renewal.shed
+        mode = ExitMode.FINISHED if exc is None and not shed else ExitMode.ABANDONED
         final = self._final if exc is None else None
         try:
-            await acleanup(self._cleanup_timeout, finish, self._lease, token, final, mode)
+            await acleanup(self._cleanup_timeout, finish, self._lease, token, final, mode, release)
         except Exception as error:
-            if exc is None:
+            if exc is None or isinstance(exc, LeaseShedError):
                 raise
             exc.add_note(f"worklease: releasing the lease as abandoned failed: {error!r}")
-        return False
+        return shed and (exc is None or isinstance(exc, LeaseShedError))
 
 
 async def finish(
-    lease: HoldingLease, token: Token, state: StateLike | None, mode: ExitMode
+    lease: HoldingLease,
+    token: Token,
+    state: StateLike | None,
+    mode: ExitMode,
+    release: AsyncReleaser | None = None,
 ) -> None:
-    """Write the final state (if any), then release with ``mode``.
+    """Write the final state (if any), then release with ``mode`` (through ``release`` when
+    given: a pool batches its releases).
 
     A failed final write releases ABANDONED instead (the last good checkpoint stays) and
     re-raises; a fenced one releases nothing.
     """
+    if release is None:
+        release = lease.release
     if state is not None:
         try:
             await lease.checkpoint(token, state)
@@ -184,8 +209,8 @@ async def finish(
             raise
         except Exception as error:
             try:
-                await lease.release(token, ExitMode.ABANDONED)
+                await release(token, ExitMode.ABANDONED)
             except Exception as release_error:
                 error.add_note(f"worklease: releasing as abandoned failed too: {release_error!r}")
             raise
-    await lease.release(token, mode)
+    await release(token, mode)

@@ -7,6 +7,7 @@ from datetime import datetime
 from types import TracebackType
 from typing import Protocol
 
+from .._fairshare import PoolSurvey
 from .._memory import MemoryStore, RowSnapshot
 from .._models import Checkpoint, ExitMode, Token
 from .._validation import backend_ttl, check_flag, non_negative_seconds
@@ -65,6 +66,17 @@ class AsyncMemoryBackend:
     async def renew_many(self, tokens: Sequence[Token], ttl: float) -> list[LeaseLostError | None]:
         """Renew every token in one step (optional method)."""
         return self._store.renew_many(tokens, backend_ttl(ttl))
+
+    async def release_many(
+        self, tokens: Sequence[Token], mode: ExitMode
+    ) -> list[LeaseLostError | None]:
+        """Release every token with ``mode`` in one step (optional method)."""
+        return self._store.release_many(tokens, mode)
+
+    async def survey(self, work_ids: Sequence[str], prefix: str) -> PoolSurvey:
+        """Who holds which of ``work_ids``, and the live members under ``prefix``, in one
+        step (optional method)."""
+        return self._store.survey(work_ids, prefix)
 
     def watch_releases(self, work_ids: Iterable[str]) -> AsyncReleaseWatch | None:
         """A watch woken when one of ``work_ids`` is released or forgotten through this

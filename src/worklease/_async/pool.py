@@ -16,11 +16,23 @@ from .._acompat import (
     ajoin_all,
     aspawn,
 )
+from .._context import current_renewal
+from .._fairshare import (
+    Balancer,
+    Plan,
+    check_group,
+    default_group,
+    default_max_moves,
+    encode_member,
+    member_prefix,
+    member_work_id,
+)
 from .._models import Checkpoint, ExitMode, Token
 from .._options import (
     DEFAULT_CLEANUP_TIMEOUT,
     RUNNER_NAMES,
     check_callable,
+    check_count,
     check_instance,
     check_pool_work_ids,
     configuring,
@@ -30,6 +42,7 @@ from .._options import (
 from .._pacing import is_permanent, jittered
 from .._report import scan_report
 from .._types import AsyncWorkFn
+from .._validation import check_flag
 from .._window import Backoff
 from ..errors import (
     AllSlotsDeadError,
@@ -42,15 +55,19 @@ from ..errors import (
     Retire,
 )
 from ..observers import (
+    BalanceEvent,
     PoolObserver,
     SlotAcquiredEvent,
     SlotBackoffEvent,
     SlotDeadEvent,
     SlotLostEvent,
     SlotRetiredEvent,
+    SlotShedEvent,
     notify,
 )
+from .batch import AsyncReleaseBatch
 from .lease import AsyncLease
+from .renewal import AsyncRenewal
 from .runner import AsyncRunner
 from .watch import AsyncReleaseHub, AsyncReleaseWatch
 
@@ -64,6 +81,21 @@ class AsyncPool:
 
     Start one pool per process over the same work IDs: together they cover the whole set, and
     work moves to the survivors when a process dies (after its leases expire) or releases.
+
+    **Fair share** (the default, on backends with ``survey``, such as memory and PostgreSQL):
+    pools over the same work IDs form a *group* (``group``, by default a digest of the set)
+    and find each other through a membership lease each holds in the backend (renewed with
+    its other leases; a crashed member drops out when it lapses). Every scan reads, in one
+    statement, the free work IDs, how many each member holds and who the members are; each
+    member aims at ``⌊N/P⌋`` or ``⌈N/P⌉`` of the ``N`` work IDs over ``P`` members (never
+    more than its ``max_work_ids``). A member under its target takes free work IDs (at most
+    ``max_moves`` per scan); a member over it, seeing the surplus on two scans in a row and
+    somebody lacking, *sheds* it (at most ``max_moves`` per scan): the work function is told
+    to stop (asyncio: cancelled; threads: ``raise_if_lost()`` raises ``LeaseShedError``), the
+    state it returns, or its last checkpoint, stays, and the lease is released ABANDONED, so
+    the next member resumes from it at once (``on_slot_shed``). Each scan is reported to
+    ``on_balance``. ``fair_share=False``, or a backend without ``survey``, takes whatever is
+    free instead.
 
     The pool scans: once per ``idle_interval`` (plus up to 20 %) it asks the backend which of
     its work IDs that it does not hold are free, in one statement, and acquires those in one
@@ -113,6 +145,10 @@ class AsyncPool:
         observer: PoolObserver | None = None,
         renewal_interval: float | timedelta | None = None,
         renewal_backoff: Backoff | None = None,
+        fair_share: bool = True,
+        group: str | None = None,
+        max_work_ids: int | None = None,
+        max_moves: int | None = None,
     ) -> None:
         self._lease = check_instance(lease, AsyncLease, "lease", PoolLeaseRequiredError)
         self._work = check_callable(work, "work function", PoolWorkFnRequiredError)
@@ -131,7 +167,20 @@ class AsyncPool:
                 backoff_interval=backoff_interval,
                 rerun_interval=rerun_interval,
             )
+            self._fair = check_flag(fair_share, "fair_share")
+            self._group = default_group(self._work_ids) if group is None else check_group(group)
+            self._cap = None if max_work_ids is None else check_count(max_work_ids, "max_work_ids")
+            moves = default_max_moves(len(self._work_ids)) if max_moves is None else max_moves
+            self._max_moves = check_count(moves, "max_moves", minimum=1)
         self._observer = observer if observer is not None else PoolObserver()
+        self._releases = AsyncReleaseBatch(self._lease)
+        self._shedding: set[str] = set()
+        """Work IDs being handed to another member (their slots end when their run does)."""
+        self._renewals: dict[str, AsyncRenewal] = {}
+        """The renewal of each work function running here (a shed tells it to stop)."""
+        self._uncovered = 0
+        self._leaving = AEvent()
+        """Set when the pool's run ends: the membership lease is given up."""
         self._lock = ThreadLock()
         self._active: set[str] = set()
         self._dead = 0
@@ -152,6 +201,11 @@ class AsyncPool:
         return self._work_ids
 
     @property
+    def group(self) -> str:
+        """The fair-share group: pools with the same group share its work IDs fairly."""
+        return self._group
+
+    @property
     def stopping(self) -> bool:
         """Whether ``stop()`` was called."""
         return self._stop.is_set()
@@ -167,6 +221,10 @@ class AsyncPool:
         watch = self._watch
         if watch is not None:
             watch.close()  # ends the scan's wait at once
+        with self._lock:
+            renewals = list(self._renewals.values())
+        for renewal in renewals:  # threads learn it from raise_if_lost(), like a shed
+            renewal._request_shed("the pool is stopping")
         for worker in self._live_workers():
             acancel_worker(worker)
 
@@ -183,10 +241,21 @@ class AsyncPool:
             self._done = set()
             self._claimed = set()
             self._unstarted = {}
-        runner = AsyncRunner._with_options(self._lease, self._adapter, self._options)
+            self._shedding = set()
+        runner = AsyncRunner._with_options(
+            self._lease, self._adapter, self._options, self._releases.release
+        )
+        balancing = self._fair and self._lease._capabilities.survey is not None
+        if self._fair and not balancing:
+            logger.info(
+                "worklease pool: the backend has no survey, so this pool takes whatever is "
+                "free instead of its fair share"
+            )
+        self._leaving = AEvent()
+        membership = aspawn(self._membership, name="worklease-pool-member") if balancing else None
         try:
             try:
-                await self._scan_loop(runner)
+                await self._scan_loop(runner, balancing)
                 await ajoin_all(self._live_workers())
             except BaseException:
                 self.stop()  # graceful: running slots release before we leave
@@ -195,6 +264,10 @@ class AsyncPool:
             finally:
                 await self._release_unstarted()
         finally:
+            if membership is not None:
+                self._leaving.set()
+                acancel_worker(membership)
+                await ajoin_all([membership], self._options.cleanup_timeout + 1.0)
             with self._lock:
                 self._workers = {}
                 self._running = False
@@ -209,14 +282,16 @@ class AsyncPool:
 
     # -- the scan -----------------------------------------------------------------------------
 
-    async def _scan_loop(self, runner: AsyncRunner) -> None:
-        """Find and take free work IDs until stopped or every work ID is done."""
+    async def _scan_loop(self, runner: AsyncRunner, balancing: bool) -> None:
+        """Find and take free work IDs (and, ``balancing``, shed the surplus) until stopped or
+        every work ID is done."""
         # Without release reports from the backend, a watch on nothing still lets slots and
         # stop() end the wait.
         watch = self._lease._watch_releases(self._work_ids)
         if watch is None:
             watch = AsyncReleaseHub().watch(())
         self._watch = watch
+        balancer = Balancer(self._work_ids, self._lease.holder_id, self._cap, self._max_moves)
         try:
             while not self._stop.is_set():
                 with self._lock:
@@ -228,9 +303,12 @@ class AsyncPool:
                         if work_id not in self._claimed and work_id not in self._done
                     ]
                 delay = jittered(self._pacing.idle_interval)
-                if candidates:
+                if balancing or candidates:
                     try:
-                        self._start_slots(runner, await self._scan(candidates))
+                        if balancing:
+                            await self._balance(runner, balancer)
+                        else:
+                            self._start_slots(runner, await self._scan(candidates))
                     except Exception as exc:
                         logger.warning(
                             "worklease pool scan failed; retrying in %gs: %s",
@@ -250,6 +328,100 @@ class AsyncPool:
             grants = call.result = await self._lease._acquire_available(candidates)
         return grants
 
+    async def _balance(self, runner: AsyncRunner, balancer: Balancer) -> None:
+        """One fair-share scan: survey the group, take free work IDs up to the target, shed
+        the surplus."""
+        work_ids = list(self._work_ids)
+        with self._lock:
+            candidates = len(work_ids) - len(self._claimed | self._done)
+        with scan_report(self._observer, candidates) as call:
+            survey = await self._lease._survey(work_ids, member_prefix(self._group))
+            assert survey is not None  # balancing only with a backend that surveys
+            with self._lock:
+                mine, shedding, done = set(self._claimed), set(self._shedding), set(self._done)
+            plan = balancer.plan(survey, mine, shedding, done)
+            grants: list[tuple[Token, Checkpoint | None]] = []
+            if plan.take:
+                grants = await self._lease._acquire_available(list(plan.take), known_free=True)
+            call.result = grants
+        self._start_slots(runner, grants)
+        for work_id in plan.shed:
+            self._shed(work_id)
+        self._report_balance(plan, grants)
+
+    def _report_balance(self, plan: Plan, grants: list[tuple[Token, Checkpoint | None]]) -> None:
+        if plan.uncovered != self._uncovered:
+            if plan.uncovered:
+                logger.warning(
+                    "worklease pool %s: %d work ID(s) uncovered: every member of the group "
+                    "is at its max_work_ids",
+                    self._group,
+                    plan.uncovered,
+                )
+            else:
+                logger.info("worklease pool %s: every work ID can be held again", self._group)
+            self._uncovered = plan.uncovered
+        event = BalanceEvent(
+            self._group,
+            plan.members,
+            plan.target,
+            plan.held,
+            tuple(token.work_id for token, _ in grants),
+            plan.shed,
+            plan.uncovered,
+        )
+        notify(self._observer.on_balance, event)
+
+    def _shed(self, work_id: str) -> None:
+        """Hand ``work_id`` to another member: tell its work to stop; its slot then writes the
+        final checkpoint, releases ABANDONED and ends."""
+        with self._lock:
+            if work_id not in self._claimed or work_id in self._shedding:
+                return
+            self._shedding.add(work_id)
+            renewal = self._renewals.get(work_id)
+        notify(self._observer.on_slot_shed, SlotShedEvent(work_id))
+        if renewal is not None:
+            renewal._request_shed("handed to another pool member")
+
+    async def _membership(self) -> None:
+        """Hold this pool's membership lease of its group while the pool runs (re-joining
+        after a loss), so the other members count it; forget it when the pool stops."""
+        lease = self._lease
+        work_id = member_work_id(self._group, lease.holder_id)
+        state = encode_member(self._cap)
+        pause = self._pacing.idle_interval
+        leaving = self._leaving
+        while not leaving.is_set():
+            try:
+                token = await lease.acquire(work_id)
+            except LeaseHeldError:  # a previous run of this holder still holds it
+                await leaving.wait_timeout(pause)
+                continue
+            except Exception as exc:
+                logger.warning("worklease pool %s: joining failed: %s", self._group, exc)
+                await leaving.wait_timeout(self._pacing.backoff_interval)
+                continue
+            try:
+                await lease.checkpoint(token, state)
+                async with lease._renewal(token, self._options.renewal) as renewal:
+                    while not await leaving.wait_timeout(pause):
+                        renewal.raise_if_lost()
+            except LeaseLostError:
+                continue  # lost the membership: join again
+            except Exception as exc:
+                logger.warning("worklease pool %s: membership failed: %s", self._group, exc)
+                await leaving.wait_timeout(self._pacing.backoff_interval)
+            finally:
+                if leaving.is_set():
+                    await self._leave(token)
+
+    async def _leave(self, token: Token) -> None:
+        try:
+            await acleanup(self._options.cleanup_timeout, self._lease.forget, token)
+        except Exception as exc:  # it lapses after the TTL instead
+            logger.info("worklease pool %s: leaving failed: %s", self._group, exc)
+
     def _start_slots(
         self, runner: AsyncRunner, grants: list[tuple[Token, Checkpoint | None]]
     ) -> None:
@@ -268,11 +440,19 @@ class AsyncPool:
 
     async def _adapter(self, token: Token, prior: Checkpoint) -> bytes | None:
         work_id = token.work_id
+        renewal = current_renewal()  # the hold's: a shed tells it to stop
         notify(self._observer.on_slot_acquired, SlotAcquiredEvent(work_id, token))
         with self._lock:
             self._retiring.discard(work_id)
             self._active.add(work_id)
+            shed = work_id in self._shedding or self._stop.is_set()
+            if isinstance(renewal, AsyncRenewal):
+                self._renewals[work_id] = renewal
         try:
+            if shed and isinstance(renewal, AsyncRenewal):
+                reason = "the pool is stopping" if self._stop.is_set() else "handed over"
+                renewal._request_shed(reason)
+                renewal.raise_if_lost()  # handed back before the work started
             result: bytes | None = await acall(self._work, token, prior)
             return result
         except Retire:
@@ -282,6 +462,11 @@ class AsyncPool:
         finally:
             with self._lock:
                 self._active.discard(work_id)
+                self._renewals.pop(work_id, None)
+
+    def _handed_over(self, work_id: str) -> bool:
+        with self._lock:
+            return work_id in self._shedding
 
     def _retired_now(self, work_id: str) -> bool:
         """Whether the run that just ended retired the work ID (it is then done for good)."""
@@ -305,6 +490,7 @@ class AsyncPool:
         finally:
             with self._lock:
                 self._claimed.discard(work_id)
+                self._shedding.discard(work_id)
                 self._workers.pop(work_id, None)
                 watch = self._watch
             if watch is not None:
@@ -317,12 +503,16 @@ class AsyncPool:
         (by returning) when somebody else holds it."""
         observer = self._observer
         while granted is not None or not self._stop.is_set():  # a grant is always run
+            if granted is None and self._handed_over(work_id):
+                return
             error: Exception | None = None
             try:
                 await runner._run(work_id, granted)
             except Exception as exc:
                 error = exc
             granted = None
+            if self._handed_over(work_id):
+                return  # shed: released ABANDONED by the hold; the new holder carries on
             if error is None and self._retired_now(work_id):
                 notify(observer.on_slot_retired, SlotRetiredEvent(work_id))
                 return
@@ -363,11 +553,10 @@ class AsyncPool:
             )
 
     async def _release_all(self, tokens: list[Token]) -> None:
-        for token in tokens:
-            try:
-                await self._lease.release(token, ExitMode.ABANDONED)
-            except LeaseLostError:
-                continue  # taken over or lapsed meanwhile: nothing to hand back
+        outcomes = await self._lease._release_together(tokens, ExitMode.ABANDONED)
+        for outcome in outcomes:  # a lease taken over or lapsed meanwhile: nothing to hand back
+            if outcome is not None and not isinstance(outcome, LeaseLostError):
+                raise outcome
 
     async def _pause(self, seconds: float) -> None:
         await self._stop.wait_timeout(seconds)

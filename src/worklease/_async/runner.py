@@ -16,7 +16,7 @@ from .._options import (
     configuring,
     hold_options,
 )
-from .._types import AsyncWorkFn
+from .._types import AsyncReleaser, AsyncWorkFn
 from .._window import Backoff
 from ..errors import ConfigError, LeaseRequiredError, WorkFnRequiredError
 from .hold import AsyncHold
@@ -73,16 +73,22 @@ class AsyncRunner:
                 cleanup_timeout=cleanup_timeout,
                 names=RUNNER_NAMES,
             )
+        self._release: AsyncReleaser | None = None
 
     @classmethod
     def _with_options(
-        cls, lease: AsyncLease, work: AsyncWorkFn, options: HoldOptions
+        cls,
+        lease: AsyncLease,
+        work: AsyncWorkFn,
+        options: HoldOptions,
+        release: AsyncReleaser | None = None,
     ) -> AsyncRunner:
-        """A runner with options checked already (a pool's)."""
+        """A runner with options checked already, releasing through ``release`` (a pool's)."""
         runner = cls.__new__(cls)
         runner._lease = lease
         runner._work = work
         runner._options = options
+        runner._release = release
         return runner
 
     @property
@@ -95,5 +101,5 @@ class AsyncRunner:
 
     async def _run(self, work_id: str, granted: tuple[Token, Checkpoint | None] | None) -> None:
         """``run``, or with ``granted`` the same cycle on a lease acquired beforehand."""
-        async with AsyncHold(self._lease, work_id, self._options, granted) as held:
+        async with AsyncHold(self._lease, work_id, self._options, granted, self._release) as held:
             held.finish_with(await acall(self._work, held.token, held.prior))

@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol, cast, runtime_checkable
 
+from .._fairshare import PoolSurvey
 from .._models import Checkpoint, ExitMode, Token
 from ..errors import LeaseLostError
 from .watch import ReleaseWatching
@@ -19,7 +20,9 @@ __all__ = [
     "Backend",
     "Capabilities",
     "FindAvailable",
+    "ReleaseMany",
     "RenewMany",
+    "Survey",
     "ReleaseWatching",
 ]
 
@@ -71,6 +74,14 @@ class Backend(Protocol):
       the new holder's checkpoint for each, in input order; work IDs held by somebody are left
       out. Work IDs must be valid and distinct (checked before any I/O). Pools use
       ``find_available`` and ``acquire_many`` to scan for and take free work.
+    - ``release_many(tokens, mode) -> list[LeaseLostError | None]`` releases many leases with
+      one exit mode in one step, per token like ``renew_many`` (``None``: released, else what
+      ``release`` would have raised); the mode is checked first (``InvalidExitModeError``).
+      A pool stops, and sheds, with it.
+    - ``survey(work_ids, prefix) -> PoolSurvey`` reads, in one step, the holder of every
+      listed work ID whose lease is held, and every held lease whose work ID starts with
+      ``prefix`` with its checkpoint (a pool group's memberships); it writes nothing.
+      Fair-share pools need it (without it a pool takes whatever is free).
     - ``watch_releases(work_ids)`` returns a watch (a context manager with ``wait(timeout)``
       returning whether a release of one of the work IDs was seen, see ``ReleaseWatch``) or
       ``None`` when the backend cannot notify; waiting acquires, leaders and pools then wake
@@ -116,6 +127,22 @@ class RenewMany(Protocol):
 
 
 @runtime_checkable
+class ReleaseMany(Protocol):
+    """Releases many leases with one exit mode in one step; one outcome per token."""
+
+    def release_many(
+        self, tokens: Sequence[Token], mode: ExitMode
+    ) -> list[LeaseLostError | None]: ...
+
+
+@runtime_checkable
+class Survey(Protocol):
+    """Reads who holds which work IDs of a pool group, and its live members, in one step."""
+
+    def survey(self, work_ids: Sequence[str], prefix: str) -> PoolSurvey: ...
+
+
+@runtime_checkable
 class FindAvailable(Protocol):
     """Tells which work IDs an acquire would grant now, writing nothing."""
 
@@ -134,6 +161,8 @@ class AcquireMany(Protocol):
 for _protocol in (
     AcquireWithCheckpoint,
     RenewMany,
+    ReleaseMany,
+    Survey,
     FindAvailable,
     AcquireMany,
 ):
@@ -153,6 +182,8 @@ class Capabilities:
     find_available: FindAvailable | None
     acquire_many: AcquireMany | None
     watch_releases: ReleaseWatching | None
+    release_many: ReleaseMany | None = None
+    survey: Survey | None = None
 
     @classmethod
     def of(cls, backend: object) -> Capabilities:
@@ -167,4 +198,6 @@ class Capabilities:
             cast(FindAvailable, backend) if offered("find_available") else None,
             cast(AcquireMany, backend) if offered("acquire_many") else None,
             cast(ReleaseWatching, backend) if offered("watch_releases") else None,
+            cast(ReleaseMany, backend) if offered("release_many") else None,
+            cast(Survey, backend) if offered("survey") else None,
         )

@@ -11,9 +11,10 @@ from typing import Protocol
 from .._acompat import cleanup
 from .._models import Checkpoint, ExitMode, Token
 from .._options import AcquireOptions, HoldOptions, RenewalOptions
+from .._types import Releaser
 from .._validation import normalize_state
 from .._window import fresh
-from ..errors import FencedError, Retire
+from ..errors import FencedError, LeaseShedError, Retire
 from .backend import StateLike
 from .renewal import Renewal
 
@@ -52,7 +53,11 @@ class Hold:
       exception propagates;
     - the lease was lost, or the block raised ``FencedError`` → nothing is written (the
       successor sees EXPIRED); the loss propagates (also when the block raised ``Retire``);
-    - the block already released or forgot the lease itself → nothing more is written.
+    - the block already released or forgot the lease itself → nothing more is written;
+    - a fair-share pool handed the work ID over (the renewal was shed: the block was told to
+      stop) → the state given to ``finish_with`` (if the block returned) is checkpointed,
+      then ABANDONED, so the next member resumes from it; ``LeaseShedError`` from the block
+      does not propagate.
 
     The final writes are bounded by ``cleanup_timeout`` seconds and survive a cancellation
     that arrives meanwhile. If reading the checkpoint fails, nothing is released (the lease
@@ -67,8 +72,10 @@ class Hold:
         work_id: str,
         options: HoldOptions,
         granted: tuple[Token, Checkpoint | None] | None = None,
+        release: Releaser | None = None,
     ) -> None:
         self._lease = lease
+        self._release: Releaser = release if release is not None else lease.release
         self._granted = granted
         self._work_id = work_id
         self._options = options
@@ -133,7 +140,7 @@ class Hold:
             raise  # the lease lapses after its TTL: the successor sees EXPIRED
         except BaseException as exc:  # cancelled or interrupted: hand the lease back
             try:
-                cleanup(self._cleanup_timeout, lease.release, token, ExitMode.ABANDONED)
+                cleanup(self._cleanup_timeout, self._release, token, ExitMode.ABANDONED)
             except Exception as release_error:
                 exc.add_note(f"worklease: releasing as abandoned failed: {release_error!r}")
             raise
@@ -147,7 +154,10 @@ class Hold:
         tb: TracebackType | None,
     ) -> bool:
         renewal = self.renewal
-        renewal.__exit__(exc_type, exc, tb)  # raises the loss cause when lost
+        try:
+            renewal.__exit__(exc_type, exc, tb)  # raises the loss cause when lost
+        except LeaseShedError as handed_over:
+            exc = handed_over  # the block was cancelled to hand the work ID over
         cause = renewal.cause
         if cause is not None:
             if isinstance(exc, Retire):  # nothing was recorded: not a success
@@ -156,26 +166,45 @@ class Hold:
         token = self.token
         if isinstance(exc, FencedError) or self._lease._given_up(token):
             return False  # a zombie records nothing; a lease given up in the block is done
+        release = self._release
         if isinstance(exc, Retire):
-            cleanup(self._cleanup_timeout, finish, self._lease, token, exc.state, ExitMode.RETIRED)
+            cleanup(
+                self._cleanup_timeout,
+                finish,
+                self._lease,
+                token,
+                exc.state,
+                ExitMode.RETIRED,
+                release,
+            )
             return True
-        mode = ExitMode.FINISHED if exc is None else ExitMode.ABANDONED
+        shed = renewal.shed
+        mode = ExitMode.FINISHED if exc is None and not shed else ExitMode.ABANDONED
         final = self._final if exc is None else None
         try:
-            cleanup(self._cleanup_timeout, finish, self._lease, token, final, mode)
+            cleanup(self._cleanup_timeout, finish, self._lease, token, final, mode, release)
         except Exception as error:
-            if exc is None:
+            if exc is None or isinstance(exc, LeaseShedError):
                 raise
             exc.add_note(f"worklease: releasing the lease as abandoned failed: {error!r}")
-        return False
+        return shed and (exc is None or isinstance(exc, LeaseShedError))
 
 
-def finish(lease: HoldingLease, token: Token, state: StateLike | None, mode: ExitMode) -> None:
-    """Write the final state (if any), then release with ``mode``.
+def finish(
+    lease: HoldingLease,
+    token: Token,
+    state: StateLike | None,
+    mode: ExitMode,
+    release: Releaser | None = None,
+) -> None:
+    """Write the final state (if any), then release with ``mode`` (through ``release`` when
+    given: a pool batches its releases).
 
     A failed final write releases ABANDONED instead (the last good checkpoint stays) and
     re-raises; a fenced one releases nothing.
     """
+    if release is None:
+        release = lease.release
     if state is not None:
         try:
             lease.checkpoint(token, state)
@@ -183,8 +212,8 @@ def finish(lease: HoldingLease, token: Token, state: StateLike | None, mode: Exi
             raise
         except Exception as error:
             try:
-                lease.release(token, ExitMode.ABANDONED)
+                release(token, ExitMode.ABANDONED)
             except Exception as release_error:
                 error.add_note(f"worklease: releasing as abandoned failed too: {release_error!r}")
             raise
-    lease.release(token, mode)
+    release(token, mode)

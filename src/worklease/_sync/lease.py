@@ -9,6 +9,7 @@ from datetime import timedelta
 
 from .._acompat import bounded, sleep, within
 from .._deadline import bounded_by
+from .._fairshare import PoolSurvey
 from .._models import Checkpoint, ExitMode, Token
 from .._options import (
     DEFAULT_CLEANUP_TIMEOUT,
@@ -223,15 +224,18 @@ class Lease:
         mode = prior.prev_exit if prior.prev_exit.declarable else ExitMode.ABANDONED
         self._backend.release(token, mode)
 
-    def _acquire_available(self, work_ids: list[str]) -> list[tuple[Token, Checkpoint | None]]:
+    def _acquire_available(
+        self, work_ids: list[str], *, known_free: bool = False
+    ) -> list[tuple[Token, Checkpoint | None]]:
         """Acquire whichever of ``work_ids`` are free, with their checkpoints (for pools).
 
-        Asks the backend which are free (``find_available``) and takes those in one step
-        (``acquire_many``) when it can; otherwise tries them one by one. Work IDs somebody
-        holds are left out. Each grant is reported like a single acquire and read.
+        Asks the backend which are free (``find_available``; skipped when the caller just
+        read that: ``known_free``) and takes those in one step (``acquire_many``) when it
+        can; otherwise tries them one by one. Work IDs somebody holds are left out. Each
+        grant is reported like a single acquire and read.
         """
         capabilities = self._capabilities
-        find = capabilities.find_available
+        find = None if known_free else capabilities.find_available
         free = list(find.find_available(work_ids)) if find is not None else list(work_ids)
         if not free:
             return []
@@ -265,6 +269,11 @@ class Lease:
         if failure is not None and not grants:
             raise failure
         return grants
+
+    def _survey(self, work_ids: list[str], prefix: str) -> PoolSurvey | None:
+        """The backend's survey of a pool group, or ``None`` when it has none."""
+        survey = self._capabilities.survey
+        return None if survey is None else survey.survey(work_ids, prefix)
 
     def _watch_releases(self, work_ids: tuple[str, ...]) -> ReleaseWatch | None:
         """A watch on ``work_ids`` when the backend reports releases, else ``None``."""
@@ -431,6 +440,53 @@ class Lease:
                 continue  # released or forgotten meanwhile: its renewal means nothing now
             self._report.renewed(token, attempt, duration, outcome)
         return results
+
+    def _release_together(
+        self, tokens: list[Token], mode: ExitMode | str
+    ) -> list[Exception | None]:
+        """Release ``tokens`` with ``mode`` in one backend call when the backend can (else one
+        by one); return each token's outcome (``None``: released), each reported like a
+        single release. A token whose renewal reported a loss is refused as ``release``
+        refuses it; every renewal still running on the tokens is stopped first."""
+        declared = check_exit_mode(mode)
+        outcomes: list[Exception | None] = [None] * len(tokens)
+        batch: list[int] = []
+        alone: list[int] = []
+        seen: set[str] = set()
+        for index, token in enumerate(tokens):
+            try:
+                self._writable(token).finished()
+            except Exception as exc:
+                outcomes[index] = exc
+                continue
+            (alone if token.work_id in seen else batch).append(index)
+            seen.add(token.work_id)
+        many = self._capabilities.release_many
+        if many is None or len(batch) == 1:
+            alone = batch + alone
+            batch = []
+        if batch and many is not None:
+            chosen = [tokens[index] for index in batch]
+            start = monotonic()
+            try:
+                results: list[Exception | None] = list(many.release_many(chosen, declared))
+                if len(results) != len(chosen):
+                    raise BackendError(
+                        f"release_many returned {len(results)} outcomes for {len(chosen)} tokens"
+                    )
+            except Exception as exc:
+                results = [exc] * len(chosen)
+            duration = monotonic() - start
+            for index, outcome in zip(batch, results, strict=True):
+                outcomes[index] = outcome
+                self._report.released(tokens[index], declared, duration, outcome)
+        for index in alone:
+            try:
+                with self._report.release(tokens[index], declared):
+                    self._backend.release(tokens[index], declared)
+            except Exception as exc:
+                outcomes[index] = exc
+        return outcomes
 
     def _given_up(self, token: Token) -> bool:
         """Whether the holder already released or forgot ``token`` through this lease."""

@@ -18,6 +18,7 @@ from psycopg_pool import ConnectionPool
 from .._acompat import ThreadLock
 from .._deadline import seconds_left
 from .._failures import closed, fenced
+from .._fairshare import PoolSurvey
 from .._models import Checkpoint, ExitMode, Token
 from .._pg import (
     Rows,
@@ -403,13 +404,9 @@ class PostgresBackend:
         if not tokens:
             return []
         statements = self._renewal_target()
-        params: dict[str, Any] = {
-            "work_ids": [token.work_id for token in tokens],
-            "holder_ids": [token.holder_id for token in tokens],
-            "tokens": [token.fencing_token for token in tokens],
-            "ttl": statements.ttl(seconds),
-            "statement_timeout": statement_timeout(seconds),
-        }
+        params = statements.batch_params(tokens)
+        params["ttl"] = statements.ttl(seconds)
+        params["statement_timeout"] = statement_timeout(seconds)
         pool = self._ensure_renewal_pool()
         rows, _ = self._run(
             "renew_many", statements.renew_many, params, pool=pool, timeout=max(seconds, 0.001)
@@ -423,6 +420,29 @@ class PostgresBackend:
         params["mode"] = str(declared)
         rows, _ = self._run("release", statements.release, params)
         statements.written(rows, token, "release")
+
+    def release_many(self, tokens: Sequence[Token], mode: ExitMode) -> list[LeaseLostError | None]:
+        """Release every token with ``mode`` in one statement; per token ``None`` or the error
+        ``release`` would raise (optional method of the backend protocol)."""
+        declared = check_exit_mode(mode)
+        distinct_work_ids([token.work_id for token in tokens])
+        if not tokens:
+            return []
+        statements = self._statements
+        params = statements.batch_params(tokens)
+        params["mode"] = str(declared)
+        rows, _ = self._run("release_many", statements.release_many, params)
+        return statements.renewed_many(rows, tokens, "release")
+
+    def survey(self, work_ids: Sequence[str], prefix: str) -> PoolSurvey:
+        """Which of ``work_ids`` are free, how many each holder holds, and the live leases
+        under ``prefix`` with their checkpoints, in one read (optional method of the backend
+        protocol; fair-share pools use it)."""
+        ids = distinct_work_ids(work_ids)
+        if not isinstance(prefix, str):
+            raise TypeError(f"prefix must be a str, not {type(prefix).__name__}")
+        rows, _ = self._run("survey", self._statements.survey, {"work_ids": ids, "prefix": prefix})
+        return Statements.surveyed(rows)
 
     def forget(self, token: Token) -> None:
         rows, _ = self._run("forget", self._statements.forget, Statements.owned(token))

@@ -27,7 +27,7 @@ from .._options import RenewalOptions
 from .._schedule import ScheduledRenewal, Settled, call_timeout, next_round, overdue, split_round
 from .._types import RenewTogether
 from .._window import LeaseWindow, TokenSeal, chain_loss, fresh, monotonic
-from ..errors import LeaseLostError
+from ..errors import LeaseLostError, LeaseShedError
 
 if TYPE_CHECKING:
     from contextvars import Token as ContextToken
@@ -76,6 +76,8 @@ class Renewal:
         self._renewer: Renewer | None = None
         self._context: ContextToken[ActiveRenewal | None] | None = None
         self._entered = False
+        self._shed = False
+        self._shed_reason = ""
 
     @property
     def token(self) -> Token:
@@ -97,15 +99,44 @@ class Renewal:
         """Whether the lease was lost."""
         return self._window.cause() is not None
 
+    @property
+    def shed(self) -> bool:
+        """Whether a fair-share pool is handing the work ID to another member: the work
+        should stop (``raise_if_lost()`` raises ``LeaseShedError``); the lease is still held
+        until the pool releases it."""
+        return self._shed
+
     def remaining(self) -> float | None:
         """Seconds of guaranteed lease left; ``None`` once lost or stopped."""
         return self._window.remaining()
 
     def raise_if_lost(self) -> None:
-        """Raise the loss cause if the lease was lost; otherwise do nothing."""
+        """Raise the loss cause if the lease was lost (``LeaseShedError`` when a pool is
+        handing the work ID over); otherwise do nothing."""
         cause = self._window.cause()
         if cause is not None:
             raise fresh(cause)
+        if self._shed:
+            raise self._shed_error()
+
+    def _shed_error(self) -> LeaseShedError:
+        token = self._token
+        return LeaseShedError(
+            f"work ID {token.work_id!r} (holder {token.holder_id!r}, token "
+            f"{token.fencing_token}): {self._shed_reason}: stop working",
+            token=token,
+        )
+
+    def _request_shed(self, reason: str) -> None:
+        """Tell the block to stop because its pool hands the work ID back (``reason``:
+        another member takes it over, or the pool stops). asyncio: the block is cancelled,
+        as a loss would cancel it; threads: ``raise_if_lost()`` raises. The lease stays
+        renewed until it is released."""
+        if self._shed or self._schedule.stopped:
+            return
+        self._shed_reason = reason
+        self._shed = True
+        self._canceller.cancel()
 
     def stop(self) -> None:
         """Stop renewing, without waiting for an attempt in flight. Idempotent."""
@@ -149,6 +180,8 @@ class Renewal:
         ours = self._canceller.consume(exc)
         if cause is not None and ours:
             raise fresh(cause)  # replaces our own CancelledError
+        if cause is None and self._shed and ours and exc is not None:
+            raise self._shed_error()  # the block was cancelled to hand the work ID over
         if exc is not None:
             if cause is not None:
                 chain_loss(exc, cause, cancelled=requested)

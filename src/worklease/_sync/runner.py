@@ -19,7 +19,7 @@ from .._options import (
     configuring,
     hold_options,
 )
-from .._types import WorkFn
+from .._types import Releaser, WorkFn
 from .._window import Backoff
 from ..errors import ConfigError, LeaseRequiredError, WorkFnRequiredError
 from .hold import Hold
@@ -76,14 +76,22 @@ class Runner:
                 cleanup_timeout=cleanup_timeout,
                 names=RUNNER_NAMES,
             )
+        self._release: Releaser | None = None
 
     @classmethod
-    def _with_options(cls, lease: Lease, work: WorkFn, options: HoldOptions) -> Runner:
-        """A runner with options checked already (a pool's)."""
+    def _with_options(
+        cls,
+        lease: Lease,
+        work: WorkFn,
+        options: HoldOptions,
+        release: Releaser | None = None,
+    ) -> Runner:
+        """A runner with options checked already, releasing through ``release`` (a pool's)."""
         runner = cls.__new__(cls)
         runner._lease = lease
         runner._work = work
         runner._options = options
+        runner._release = release
         return runner
 
     @property
@@ -96,5 +104,5 @@ class Runner:
 
     def _run(self, work_id: str, granted: tuple[Token, Checkpoint | None] | None) -> None:
         """``run``, or with ``granted`` the same cycle on a lease acquired beforehand."""
-        with Hold(self._lease, work_id, self._options, granted) as held:
+        with Hold(self._lease, work_id, self._options, granted, self._release) as held:
             held.finish_with(call(self._work, held.token, held.prior))

@@ -24,6 +24,7 @@ from ..observers import (
     SlotDeadEvent,
     SlotLostEvent,
     SlotRetiredEvent,
+    SlotShedEvent,
     SweepEvent,
     VacuumObserver,
 )
@@ -61,7 +62,7 @@ OUTCOMES: Final = ("ok", "held", "fenced", "expired", "error")
 RENEWAL_OUTCOMES: Final = ("ok", "fenced", "expired", "error")
 """The outcomes a renewal attempt can have."""
 
-SLOT_EVENTS: Final = ("acquired", "lost", "backoff", "dead", "retired")
+SLOT_EVENTS: Final = ("acquired", "lost", "backoff", "dead", "retired", "shed")
 """Every value of the pool ``event`` label."""
 
 DURATION_BUCKETS: Final = (
@@ -273,6 +274,9 @@ class MetricsObserver(LeaseObserver, VacuumObserver, PoolObserver):
 
     def on_slot_retired(self, event: SlotRetiredEvent) -> None:
         self._record_slot("retired")
+
+    def on_slot_shed(self, event: SlotShedEvent) -> None:
+        self._record_slot("shed")  # its release, counted when it happens, ends the lease
 
     def on_scan(self, event: ScanEvent) -> None:
         self._record_operation(SCAN, outcome(event.error), event.duration, event.error)

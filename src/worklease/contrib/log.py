@@ -9,6 +9,7 @@ from .._models import Token
 from ..errors import LeaseHeldError, LeaseLostError
 from ..observers import (
     AcquireEvent,
+    BalanceEvent,
     CheckpointEvent,
     FencedEvent,
     ForgetEvent,
@@ -23,6 +24,7 @@ from ..observers import (
     SlotDeadEvent,
     SlotLostEvent,
     SlotRetiredEvent,
+    SlotShedEvent,
     SweepEvent,
     VacuumObserver,
 )
@@ -316,6 +318,47 @@ class LoggingObserver(LeaseObserver, VacuumObserver, PoolObserver):
 
     def on_slot_retired(self, event: SlotRetiredEvent) -> None:
         self._slot(self._level, "slot_retired", event.work_id, None, None, "retired its work ID")
+
+    def on_slot_shed(self, event: SlotShedEvent) -> None:
+        self._slot(
+            self._level,
+            "slot_shed",
+            event.work_id,
+            None,
+            None,
+            "hands its work ID to another member (fair share)",
+        )
+
+    def on_balance(self, event: BalanceEvent) -> None:
+        # One per scan: routine unless it moved something or leaves work uncovered.
+        if event.uncovered:
+            level = self._problem_level
+        else:
+            level = self._level if event.took or event.shed else self._detail_level
+        if not self._logger.isEnabledFor(level):
+            return
+        fields = {
+            "worklease_group": event.group,
+            "worklease_members": event.members,
+            "worklease_target": event.target,
+            "worklease_held": event.held,
+            "worklease_took": len(event.took),
+            "worklease_shed": len(event.shed),
+            "worklease_uncovered": event.uncovered,
+        }
+        extra = _extra("pool.balance", None, None, None, "ok", None, fields)
+        self._logger.log(
+            level,
+            "worklease pool %s: %d member(s), target %d, held %d, took %d, shed %d%s",
+            event.group,
+            event.members,
+            event.target,
+            event.held,
+            len(event.took),
+            len(event.shed),
+            f", {event.uncovered} uncovered" if event.uncovered else "",
+            extra=extra,
+        )
 
     def on_scan(self, event: ScanEvent) -> None:
         # A scan that found nothing is routine (one per idle interval): detail level only.

@@ -91,7 +91,7 @@ class OpenTelemetryObserver(MetricsObserver):
         self._slots = meter.create_counter(
             "worklease.pool.slot.events",
             unit="{event}",
-            description="Pool slot events (acquired, lost, backoff, dead, retired).",
+            description="Pool slot events (acquired, lost, backoff, dead, retired, shed).",
         )
         self._rows_deleted = meter.create_counter(
             "worklease.vacuum.rows_deleted",

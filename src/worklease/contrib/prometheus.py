@@ -99,7 +99,7 @@ class PrometheusObserver(MetricsObserver):
         )
         self._slots = Counter(
             "pool_slot_events",
-            "Pool slot events (acquired, lost, backoff, dead, retired).",
+            "Pool slot events (acquired, lost, backoff, dead, retired, shed).",
             ("event",),
             namespace=namespace,
             registry=None,

@@ -1,0 +1,256 @@
+"""Fair share for pools: who belongs to a group, how many work IDs each member should hold,
+and which work IDs one member takes or sheds on a scan. Shared by both flavours; no waits,
+no I/O.
+
+Members find each other in the lease table itself: every pool holds one *membership lease*
+(work ID ``worklease.member/<group>/<digest of its holder ID>``, its checkpoint saying the
+member's cap), renewed with its other leases; a crashed member drops out when that lease
+lapses. Every member reads the same view (one ``survey`` per scan: the holder of each work ID
+of the group, and the live members) and computes the same targets from it, so no member
+needs to ask another anything: a member above its target sheds the surplus (stopping the
+work, releasing ABANDONED) and a member below takes what is free.
+
+Targets: ``N`` work IDs over the live members, each ``⌊N/P⌋`` or ``⌈N/P⌉`` (the extra ones go
+to the first members in holder-ID order), no member above its own ``max_work_ids``, and what
+a capped member cannot take spread over the others ("water filling"). Work IDs left over
+when every member is at its cap stay uncovered, and the plan says how many.
+
+Which work IDs: each member ranks the work IDs by a hash of (member, work ID) (rendezvous
+hashing), takes free ones in that order and sheds the ones it ranks lowest, so members
+prefer different work IDs (fewer lost races for the same free one) and a given work ID tends
+to return to the same member.
+
+Stability: a member sheds only when its surplus has been seen on two scans in a row (a
+membership that flickers moves nothing) and only as much as the other members lack beyond
+the free work IDs (never into the void); both taking and shedding are bounded per scan
+(``max_moves``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from ._validation import MAX_WORK_ID_BYTES, check_work_id
+from .errors import PoolConfigError
+
+__all__ = [
+    "MEMBER_PREFIX",
+    "Balancer",
+    "Member",
+    "Plan",
+    "PoolSurvey",
+    "check_group",
+    "decode_member",
+    "default_group",
+    "default_max_moves",
+    "encode_member",
+    "member_prefix",
+    "member_work_id",
+    "targets",
+]
+
+MEMBER_PREFIX = "worklease.member/"
+"""Work IDs starting with this hold pool memberships, never work."""
+
+_MAX_GROUP_BYTES = 256
+_HOLDER_DIGEST = 24
+_SHED_CONFIRMATIONS = 2
+
+
+@dataclass(frozen=True, slots=True)
+class PoolSurvey:
+    """What a backend's ``survey`` returns, read in one step: which of the work IDs asked
+    about are free, how many of them each holder holds, and every live member of the group
+    with the state its membership lease carries. (Counts, not a row per work ID: a pool over
+    10,000 work IDs reads a few rows per scan once everything is held.)"""
+
+    free: tuple[str, ...]
+    """The work IDs asked about that an acquire would grant now, in input order."""
+    held: Mapping[str, int]
+    """Holder ID -> how many of the work IDs asked about it holds right now."""
+    members: Mapping[str, bytes | None]
+    """Holder ID -> membership checkpoint, for the held membership leases of the group."""
+
+
+PoolSurvey.__module__ = "worklease"
+
+
+@dataclass(frozen=True, slots=True)
+class Member:
+    holder_id: str
+    cap: int | None
+
+
+def default_group(work_ids: Iterable[str]) -> str:
+    """A group name derived from the set of work IDs: pools over the same set share it."""
+    digest = hashlib.sha256("\n".join(sorted(work_ids)).encode("utf-8"))
+    return "ids-" + digest.hexdigest()[:20]
+
+
+def check_group(group: object) -> str:
+    """A group name: a work-ID-like string of at most 256 UTF-8 bytes without ``/``."""
+    if not isinstance(group, str):
+        raise PoolConfigError(f"group must be a str, not {type(group).__name__}")
+    try:
+        check_work_id(group)
+    except ValueError as exc:
+        raise PoolConfigError(f"group: {exc}") from None
+    if "/" in group:
+        raise PoolConfigError("group must not contain '/'")
+    if len(group.encode("utf-8")) > _MAX_GROUP_BYTES:
+        raise PoolConfigError(f"group must be at most {_MAX_GROUP_BYTES} bytes in UTF-8")
+    return group
+
+
+def member_prefix(group: str) -> str:
+    return f"{MEMBER_PREFIX}{group}/"
+
+
+def member_work_id(group: str, holder_id: str) -> str:
+    """The work ID of ``holder_id``'s membership lease in ``group`` (within the work-ID
+    limit whatever the holder ID: the row's holder column names the member)."""
+    digest = hashlib.sha256(holder_id.encode("utf-8")).hexdigest()[:_HOLDER_DIGEST]
+    work_id = member_prefix(group) + digest
+    assert len(work_id.encode("utf-8")) <= MAX_WORK_ID_BYTES
+    return work_id
+
+
+def encode_member(cap: int | None) -> bytes:
+    """The checkpoint of a membership lease: what other members need to know of this one."""
+    return json.dumps({"v": 1, "cap": cap}, separators=(",", ":")).encode("utf-8")
+
+
+def decode_member(holder_id: str, state: bytes | None) -> Member:
+    """A member from its membership checkpoint (unreadable or absent: no cap)."""
+    cap: int | None = None
+    if state:
+        try:
+            value = json.loads(state).get("cap")
+        except (ValueError, AttributeError):
+            value = None
+        if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+            cap = value
+    return Member(holder_id, cap)
+
+
+def default_max_moves(total: int) -> int:
+    """How many work IDs one member takes or sheds per scan by default: a tenth of the set
+    (at least 10), so a big move is spread over a few scans."""
+    return max(10, -(-total // 10))
+
+
+def targets(total: int, members: Sequence[Member]) -> dict[str, int]:
+    """How many work IDs each member should hold (see the module doc). Deterministic: every
+    member computes the same answer from the same members."""
+    order = sorted(members, key=lambda member: member.holder_id)
+    result: dict[str, int] = {}
+    remaining = total
+    open_ = list(order)
+    while open_:
+        share, extra = divmod(remaining, len(open_))
+        capped = [m for m in open_ if m.cap is not None and m.cap <= share]
+        if capped:  # these cannot take a full share: they take their cap, the rest is re-spread
+            for member in capped:
+                result[member.holder_id] = member.cap or 0
+                remaining -= member.cap or 0
+            open_ = [m for m in open_ if m not in capped]
+            continue
+        for member in open_:
+            bonus = 1 if extra > 0 and (member.cap is None or member.cap > share) else 0
+            extra -= bonus
+            result[member.holder_id] = share + bonus
+        break
+    return result
+
+
+def _ranks(holder_id: str, work_ids: Iterable[str]) -> dict[str, bytes]:
+    """The rendezvous rank of each work ID for ``holder_id`` (higher: preferred)."""
+    key = hashlib.sha256(holder_id.encode("utf-8")).digest()
+    return {
+        work_id: hashlib.blake2b(work_id.encode("utf-8"), key=key, digest_size=8).digest()
+        for work_id in work_ids
+    }
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    """What one scan of one member does."""
+
+    members: int
+    """Live members counted (this one included)."""
+    target: int
+    held: int
+    """Work IDs this member holds (slots running here, not counting those being shed)."""
+    take: tuple[str, ...] = ()
+    """Free work IDs to acquire, best first."""
+    shed: tuple[str, ...] = ()
+    """Work IDs held here to hand over (stop, final checkpoint, release ABANDONED)."""
+    uncovered: int = 0
+    """Work IDs no member may hold: every member is at its ``max_work_ids``."""
+
+
+@dataclass(slots=True)
+class Balancer:
+    """The fair-share decisions of one pool member, scan after scan."""
+
+    work_ids: tuple[str, ...]
+    holder_id: str
+    cap: int | None = None
+    max_moves: int = 10
+    _surplus_seen: int = field(default=0, init=False)
+    _order: dict[str, bytes] = field(default_factory=dict, init=False)
+
+    def __post_init__(self) -> None:
+        self._order = _ranks(self.holder_id, self.work_ids)
+
+    def plan(
+        self,
+        survey: PoolSurvey,
+        mine: Iterable[str],
+        shedding: Iterable[str] = (),
+        done: Iterable[str] = (),
+    ) -> Plan:
+        """This member's next moves. ``mine``: work IDs with a slot running here (holding or
+        about to); ``shedding``: those of them already being handed over; ``done``: work IDs
+        this member retired or gave up, never taken again."""
+        mine = set(mine)
+        done = set(done)
+        leaving = set(shedding) & mine
+        staying = mine - leaving
+        members = [
+            decode_member(holder, state)
+            for holder, state in survey.members.items()
+            if holder != self.holder_id
+        ]
+        members.append(Member(self.holder_id, self.cap))  # alive, whether seen yet or not
+        goal = targets(len(self.work_ids), members)
+        target = goal[self.holder_id]
+        # Our own holdings are the slots running here: a lease under our name without a slot
+        # is a previous run's, lapsing.
+        counts = {holder: n for holder, n in survey.held.items() if holder != self.holder_id}
+        free = [work_id for work_id in survey.free if work_id not in mine | done]
+        uncovered = len(self.work_ids) - sum(goal.values())
+        held = len(staying)
+        take: tuple[str, ...] = ()
+        shed: tuple[str, ...] = ()
+        if held < target:
+            self._surplus_seen = 0
+            free.sort(key=self._order.__getitem__, reverse=True)
+            take = tuple(free[: min(target - held, self.max_moves)])
+        elif held > target:
+            self._surplus_seen += 1
+            lacking = sum(
+                max(goal[member.holder_id] - counts.get(member.holder_id, 0), 0)
+                for member in members
+                if member.holder_id != self.holder_id
+            )
+            wanted = min(held - target, lacking - len(free), self.max_moves)
+            if self._surplus_seen >= _SHED_CONFIRMATIONS and wanted > 0:
+                ranked = sorted(staying, key=self._order.__getitem__)
+                shed = tuple(ranked[:wanted])
+        else:
+            self._surplus_seen = 0
+        return Plan(len(members), target, held, take, shed, max(uncovered, 0))

@@ -1,0 +1,193 @@
+"""Fair-share decisions (shared by both flavours): targets, and what one member takes or
+sheds on a scan. Pure functions: every case is a chosen view of the group."""
+
+from __future__ import annotations
+
+import pytest
+
+from worklease import PoolConfigError, PoolSurvey
+from worklease._fairshare import (
+    MEMBER_PREFIX,
+    Balancer,
+    Member,
+    check_group,
+    decode_member,
+    default_group,
+    default_max_moves,
+    encode_member,
+    member_prefix,
+    member_work_id,
+    targets,
+)
+from worklease._validation import MAX_WORK_ID_BYTES
+
+IDS = tuple(f"w{i:02d}" for i in range(10))
+
+
+def members(*names: str, caps: dict[str, int] | None = None) -> list[Member]:
+    return [Member(name, (caps or {}).get(name)) for name in names]
+
+
+# -- targets ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("total", "count"), [(10, 1), (10, 3), (10, 4), (10_000, 3), (10_000, 7), (3, 5), (0, 2)]
+)
+def test_every_target_is_floor_or_ceil_and_all_are_covered(total: int, count: int) -> None:
+    names = [f"m{i}" for i in range(count)]
+    goal = targets(total, members(*names))
+    assert sum(goal.values()) == total
+    assert set(goal.values()) <= {total // count, -(-total // count)}
+
+
+def test_targets_are_the_same_whoever_computes_them() -> None:
+    a = targets(10, members("b", "a", "c"))
+    b = targets(10, members("c", "b", "a"))
+    assert a == b == {"a": 4, "b": 3, "c": 3}  # the extra one goes by holder-ID order
+
+
+def test_caps_are_never_exceeded_and_the_rest_is_spread() -> None:
+    goal = targets(10, members("a", "b", "c", caps={"a": 1}))
+    assert goal == {"a": 1, "b": 5, "c": 4}
+    goal = targets(10, members("a", "b", "c", caps={"a": 4, "b": 4, "c": 4}))
+    assert goal == {"a": 4, "b": 3, "c": 3}  # the caps do not bind
+    goal = targets(10, members("a", "b", caps={"a": 3, "b": 3}))
+    assert goal == {"a": 3, "b": 3}  # four uncovered
+    goal = targets(10, members("a", "b", "c", caps={"b": 3, "c": 3}))
+    assert goal == {"a": 4, "b": 3, "c": 3}
+    goal = targets(11, members("a", "b", "c", caps={"a": 3}))
+    assert goal == {"a": 3, "b": 4, "c": 4}
+
+
+# -- naming ------------------------------------------------------------------------------------
+
+
+def test_groups_and_membership_work_ids() -> None:
+    assert default_group(["b", "a"]) == default_group(["a", "b"]) != default_group(["a"])
+    assert member_prefix("g").startswith(MEMBER_PREFIX)
+    long_holder = "h" * 1024
+    work_id = member_work_id("g" * 256, long_holder)
+    assert work_id.startswith(member_prefix("g" * 256))
+    assert len(work_id.encode()) <= MAX_WORK_ID_BYTES
+    assert member_work_id("g", "a") != member_work_id("g", "b")
+    for bad in ("", "a/b", "x" * 257, 5, "a\x00b"):
+        with pytest.raises(PoolConfigError):
+            check_group(bad)
+
+
+def test_member_state_round_trips_and_garbage_reads_as_uncapped() -> None:
+    assert decode_member("a", encode_member(3)) == Member("a", 3)
+    assert decode_member("a", encode_member(None)) == Member("a", None)
+    for garbage in (None, b"", b"not json", b"[1]", b'{"cap": -1}', b'{"cap": true}'):
+        assert decode_member("a", garbage) == Member("a", None)
+
+
+def test_default_max_moves() -> None:
+    assert default_max_moves(12) == 10
+    assert default_max_moves(10_000) == 1_000
+
+
+# -- one member's plan -------------------------------------------------------------------------
+
+
+def survey(
+    free: tuple[str, ...], held: dict[str, int], others: dict[str, bytes | None]
+) -> PoolSurvey:
+    return PoolSurvey(free, held, others)
+
+
+def test_alone_a_member_takes_everything_free_within_max_moves() -> None:
+    balancer = Balancer(IDS, "me", max_moves=4)
+    plan = balancer.plan(survey(IDS, {}, {}), mine=())
+    assert (plan.members, plan.target, plan.held) == (1, 10, 0)
+    assert len(plan.take) == 4
+    assert set(plan.take) <= set(IDS)
+    assert plan.shed == ()
+
+
+def test_a_member_takes_only_up_to_its_share() -> None:
+    """Just joined a group where one member holds 4 and 6 are free: it takes its 5."""
+    balancer = Balancer(IDS, "me")
+    plan = balancer.plan(survey(IDS[4:], {"other": 4}, {"other": None}), mine=())
+    assert plan.target == 5
+    assert len(plan.take) == 5
+    assert set(plan.take) <= set(IDS[4:])
+
+
+def test_members_prefer_different_free_work_ids() -> None:
+    """Rendezvous ranking: two members racing for the same free work IDs mostly want
+    different ones."""
+    ids = tuple(f"w{i:03d}" for i in range(200))
+    moves = default_max_moves(len(ids))
+    a = Balancer(ids, "a", max_moves=moves).plan(survey(ids, {}, {"b": None}), mine=())
+    b = Balancer(ids, "b", max_moves=moves).plan(survey(ids, {}, {"a": None}), mine=())
+    assert len(a.take) == len(b.take) == 20
+    assert len(set(a.take) & set(b.take)) < 10
+
+
+def test_surplus_is_shed_only_when_seen_twice_and_somebody_lacks() -> None:
+    """Holding all 10 when a second member appears: nothing on the first sight (a flicker
+    moves nothing), then the 5 the newcomer lacks, the ones this member ranks lowest."""
+    balancer = Balancer(IDS, "me")
+    view = survey((), {"me": 10}, {"new": None})
+    first = balancer.plan(view, mine=IDS)
+    assert (first.target, first.held, first.shed) == (5, 10, ())
+    second = balancer.plan(view, mine=IDS)
+    assert len(second.shed) == 5
+    third = balancer.plan(view, mine=IDS, shedding=second.shed)
+    assert third.held == 5
+    assert third.shed == ()  # the ones being shed no longer count
+    ranks = balancer._order
+    assert max(ranks[w] for w in second.shed) < min(ranks[w] for w in set(IDS) - set(second.shed))
+
+
+def test_no_shed_into_the_void() -> None:
+    """Free work IDs already cover what the others lack: nothing is shed."""
+    balancer = Balancer(IDS[:6], "me")
+    view = survey(("w04", "w05"), {}, {"new": None})  # I hold 4, the newcomer lacks 3
+    for _ in range(3):
+        plan = balancer.plan(view, mine=IDS[:4])
+    assert plan.target == 3
+    assert len(plan.shed) == 1  # the newcomer lacks 3, two of them are free
+
+
+def test_shedding_is_bounded_per_scan() -> None:
+    balancer = Balancer(IDS, "me", max_moves=2)
+    view = survey((), {}, {"new": None})
+    balancer.plan(view, mine=IDS)
+    assert len(balancer.plan(view, mine=IDS).shed) == 2
+
+
+def test_a_flicker_resets_the_confirmation() -> None:
+    balancer = Balancer(IDS, "me")
+    balancer.plan(survey((), {}, {"new": None}), mine=IDS)  # surplus seen once
+    balancer.plan(survey((), {}, {}), mine=IDS)  # the newcomer vanished: at target
+    plan = balancer.plan(survey((), {}, {"new": None}), mine=IDS)
+    assert plan.shed == ()  # seen once again only
+
+
+def test_cap_limits_taking_and_reports_uncovered() -> None:
+    balancer = Balancer(IDS, "me", cap=2)
+    plan = balancer.plan(survey(IDS, {}, {"other": b'{"v":1,"cap":3}'}), mine=())
+    assert plan.target == 2
+    assert len(plan.take) == 2
+    assert plan.uncovered == 5  # 10 - 2 - 3
+
+
+def test_retired_and_own_work_ids_are_never_taken() -> None:
+    balancer = Balancer(IDS, "me")
+    plan = balancer.plan(survey(IDS, {}, {}), mine=("w00",), done=("w01",))
+    assert "w00" not in plan.take
+    assert "w01" not in plan.take
+    assert plan.held == 1
+
+
+def test_a_previous_run_under_the_same_name_does_not_count_as_held() -> None:
+    """Leases under this member's holder ID without a slot here (a previous run's, lapsing)
+    are neither held nor free."""
+    balancer = Balancer(IDS, "me")
+    plan = balancer.plan(survey(IDS[5:], {"me": 5}, {"me": None}), mine=())
+    assert plan.members == 1
+    assert plan.held == 0
+    assert set(plan.take) == set(IDS[5:])
