@@ -8,8 +8,10 @@ Usage::
 The pool covers work IDs ``part-00`` .. ``part-NN``. The work function never returns on its
 own: it prints one JSON line per acquisition to stdout (what it read: ``prev_exit``,
 ``prev_holder_id``, ``state``, and its token), then writes the checkpoint ``"{holder}:{n}"``
-(n = 1, 2, ...) every ``--checkpoint-interval`` seconds until the lease is lost or the pool
-stops, so a process keeps every work ID it acquired for as long as it lives.
+(n = 1, 2, ...) every ``--checkpoint-interval`` seconds until the lease is lost, handed to
+another member (fair share: ``raise_if_lost()`` raises ``LeaseShedError``) or the pool stops,
+and prints one more line when it ends (``left``: the last checkpoint acknowledged, and why),
+before the pool releases the lease.
 
 Start protocol: the worker connects, prints ``{"event": "ready"}`` and waits for a line on
 stdin before starting the pool. For ``--grace`` seconds after that, a work ID outside
@@ -112,14 +114,31 @@ def main(argv: list[str] | None = None) -> int:
                 return None  # released FINISHED: leave it to its home process
             renewal = worklease.current_renewal()
             assert renewal is not None, "the work function runs inside a renewal"
-            n = 0
-            while True:
-                if pool.stopping or stop.is_set():
-                    raise Stopping(token.work_id)
-                renewal.raise_if_lost()
-                n += 1
-                lease.checkpoint(token, f"{holder}:{n}".encode())
-                stop.wait(args.checkpoint_interval)
+            n = acked = 0
+            why = "returned"
+            try:
+                while True:
+                    if pool.stopping or stop.is_set():
+                        raise Stopping(token.work_id)
+                    renewal.raise_if_lost()
+                    n += 1
+                    lease.checkpoint(token, f"{holder}:{n}".encode())
+                    acked = n
+                    stop.wait(args.checkpoint_interval)
+            except BaseException as exc:
+                why = type(exc).__name__
+                raise
+            finally:
+                # Before the pool releases: a successor acquires only after this line.
+                emit(
+                    event="left",
+                    holder=holder,
+                    work_id=token.work_id,
+                    fencing_token=token.fencing_token,
+                    acked=acked,
+                    why=why,
+                    t=time.time(),
+                )
 
         pool = worklease.Pool(
             lease,

@@ -197,6 +197,48 @@ def test_status_json_and_filters(postgres_dsn: str) -> None:
 
 
 @pytest.mark.postgres
+def test_status_by_holder_counts_work_and_pool_groups(postgres_dsn: str) -> None:
+    """--by-holder: held work IDs per holder (lapsed and released ones not counted), pool
+    memberships counted apart; --json gives the same counts."""
+    pg.reset(postgres_dsn)
+    with (
+        ConnectionPool(postgres_dsn, min_size=1, max_size=2, open=False) as pool,
+        PostgresBackend(pool) as backend,
+    ):
+        for work_id in ("part-1", "part-2", "part-3"):
+            backend.acquire(work_id, "worker-a", 300)
+        backend.acquire("part-4", "worker-b", 300)
+        backend.acquire("part-5", "worker-b", -1)  # lapsed
+        done = backend.acquire("part-6", "worker-c", 300)
+        backend.release(done, ExitMode.FINISHED)
+        backend.acquire("worklease.member/ids-x/aaaa", "worker-a", 300)
+        backend.acquire("worklease.member/ids-x/bbbb", "worker-b", 300)
+    table = run("status", "--dsn", postgres_dsn, "--by-holder")
+    assert table.returncode == 0, table.stderr
+    assert table.stdout.splitlines() == [
+        "HOLDER    HELD  POOL GROUPS",
+        "worker-a     3            1",
+        "worker-b     1            1",
+        "4 work ID(s) held by 2 holder(s)",
+    ]
+    document = json.loads(run("status", "--dsn", postgres_dsn, "--by-holder", "--json").stdout)
+    assert document == [
+        {"holder_id": "worker-a", "held": 3, "pool_groups": 1},
+        {"holder_id": "worker-b", "held": 1, "pool_groups": 1},
+    ]
+    only = json.loads(
+        run("status", "--dsn", postgres_dsn, "--by-holder", "--json", "--work-id", "part-4").stdout
+    )
+    assert only == [
+        {"holder_id": "worker-b", "held": 1, "pool_groups": 1},
+        {"holder_id": "worker-a", "held": 0, "pool_groups": 1},
+    ]
+    wrong = run("status", "--dsn", postgres_dsn, "--by-holder", "--state", "expired")
+    assert wrong.returncode == 1
+    assert "--by-holder" in wrong.stderr
+
+
+@pytest.mark.postgres
 def test_sweep_dry_run_then_delete(postgres_dsn: str) -> None:
     _make_rows(postgres_dsn)
     sleep(0.05)  # rows must be strictly older than the retention below

@@ -118,6 +118,9 @@ def _iso(value: datetime | None, timespec: str = "auto") -> str | None:
 def _status(args: argparse.Namespace) -> None:
     pattern = glob_to_regex(args.work_id) if args.work_id is not None else None
     statements = Statements(args.schema)
+    if args.by_holder:
+        _status_by_holder(args, statements, pattern)
+        return
     with _connect(args.dsn) as conn:
         rows, _ = _query(
             conn, "status", statements.status, {"pattern": pattern, "state": args.state}
@@ -171,6 +174,37 @@ def _status(args: argparse.Namespace) -> None:
             for i, cell in enumerate(row)
         ]
         print("  ".join(cells).rstrip())
+
+
+def _status_by_holder(
+    args: argparse.Namespace, statements: Statements, pattern: str | None
+) -> None:
+    """Held leases per holder: how many work IDs each holds, and in how many pool groups it
+    is a member (how evenly fair-share pools spread their work)."""
+    if args.state not in (None, "held"):
+        raise CommandError("--by-holder counts held leases: --state must be held or absent")
+    with _connect(args.dsn) as conn:
+        rows, _ = _query(conn, "status", statements.status_by_holder, {"pattern": pattern})
+    counts = [(str(holder), int(held), int(groups)) for holder, held, groups in rows]
+    if args.json:
+        document = [{"holder_id": h, "held": n, "pool_groups": g} for h, n, g in counts]
+        json.dump(document, sys.stdout, indent=2)
+        sys.stdout.write("\n")
+        return
+    if not counts:
+        print("no leases held" + (" match" if pattern else ""))
+        return
+    table = [("HOLDER", "HELD", "POOL GROUPS")] + [(h, str(n), str(g)) for h, n, g in counts]
+    widths = [max(len(row[i]) for row in table) for i in range(3)]
+    for index, row in enumerate(table):
+        cells = [
+            row[0].ljust(widths[0]),
+            row[1].rjust(widths[1]) if index else row[1].ljust(widths[1]),
+            row[2].rjust(widths[2]) if index else row[2].ljust(widths[2]),
+        ]
+        print("  ".join(cells).rstrip())
+    total = sum(n for _, n, _ in counts)
+    print(f"{total} work ID(s) held by {len(counts)} holder(s)")
 
 
 def _sweep(args: argparse.Namespace) -> None:
@@ -247,6 +281,11 @@ def _parser() -> argparse.ArgumentParser:
     )
     status.add_argument(
         "--json", action="store_true", help="print one JSON array of objects instead"
+    )
+    status.add_argument(
+        "--by-holder",
+        action="store_true",
+        help="count held work IDs (and pool-group memberships) per holder instead",
     )
     status.set_defaults(handler=_status)
 

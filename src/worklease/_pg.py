@@ -25,7 +25,7 @@ from psycopg import errors as pg_errors
 from psycopg import sql
 
 from ._failures import fenced, held, lease_expired
-from ._fairshare import PoolSurvey
+from ._fairshare import MEMBER_PREFIX, PoolSurvey
 from ._models import Checkpoint, ExitMode, Token
 from .errors import BackendError, ConfigError, LeaseLostError
 
@@ -333,6 +333,19 @@ FROM {table} WHERE work_id = %(work_id)s"""
   AND (exit_mode = 'retired' OR (%(include_expired)s AND exit_mode IS NULL))"""
         self.sweep = build("DELETE FROM {table}\nWHERE " + sweepable)
         self.count_sweepable = build("SELECT count(*) FROM {table}\nWHERE " + sweepable)
+        # Leases held per holder: the work IDs it holds (memberships apart) and the pool
+        # groups it belongs to (held membership leases).
+        self.status_by_holder = build(
+            f"""SELECT holder_id,
+       count(*) FILTER (WHERE NOT starts_with(work_id, '{MEMBER_PREFIX}')) AS held,
+       count(*) FILTER (WHERE starts_with(work_id, '{MEMBER_PREFIX}')) AS groups
+FROM {{table}}
+WHERE expires_at >= now() AND exit_mode IS NULL
+  AND (%(pattern)s::text IS NULL OR work_id ~ %(pattern)s
+       OR starts_with(work_id, '{MEMBER_PREFIX}'))
+GROUP BY holder_id
+ORDER BY held DESC, holder_id"""
+        )
         self.status = build(
             """SELECT * FROM (
     SELECT work_id, holder_id, fencing_token,
