@@ -69,8 +69,10 @@ def bench(session: nox.Session) -> None:
 
 @nox.session(name="bench-scale", python=GEN_PYTHON)
 def bench_scale(session: nox.Session) -> None:
-    """Pools at scale (4 processes x 10,000 work IDs: coverage, statements/s, failover), new
-    design vs the old per-slot pool -> benchmarks/results/scale.* (not a default session).
-    Arguments go to the script: nox -s bench-scale -- --work-ids 2000 --skip-old."""
+    """Fair-share pools at scale (4 processes x 10,000 work IDs: even shares at start, after a
+    kill -9 and a join, moves by handover, statements/s, SIGTERM), fair share vs the scan
+    design -> benchmarks/results/fairshare.* (not a default session). Arguments go to the
+    script: nox -s bench-scale -- --work-ids 2000 --skip-scan. The earlier scan-vs-per-slot
+    comparison stays runnable as python benchmarks/bench_scale.py."""
     session.install("-e", ".[bench,test]")
-    session.run("python", "benchmarks/bench_scale.py", *session.posargs)
+    session.run("python", "benchmarks/bench_fairshare.py", *session.posargs)

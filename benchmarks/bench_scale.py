@@ -66,7 +66,9 @@ FAILOVER_MARGIN_S = 2.0  # target: TTL + this
 
 HELD = (
     "SELECT holder_id, count(*) FROM worklease_leases"
-    " WHERE expires_at > now() AND exit_mode IS NULL GROUP BY holder_id"
+    " WHERE expires_at > now() AND exit_mode IS NULL"
+    " AND NOT starts_with(work_id, 'worklease.member/')"  # fair-share pool memberships
+    " GROUP BY holder_id"
 )
 XACTS = "SELECT xact_commit + xact_rollback FROM pg_stat_database WHERE datname = %s"
 STATEMENTS = (
@@ -247,7 +249,9 @@ class Worker:
         return "\n".join(text.splitlines()[-lines:])
 
 
-def spawn(cfg: Config, holder: str, dsn: str, src: Path, logs: Path) -> Worker:
+def spawn(
+    cfg: Config, holder: str, dsn: str, src: Path, logs: Path, extra: Sequence[str] = ()
+) -> Worker:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(src), env.get("PYTHONPATH")) if p)
     stderr_path = logs / f"{holder}.stderr"
@@ -268,6 +272,7 @@ def spawn(cfg: Config, holder: str, dsn: str, src: Path, logs: Path) -> Worker:
                 str(cfg.idle_interval),
                 "--expect-root",
                 str(src / "worklease"),
+                *extra,
             ],
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,

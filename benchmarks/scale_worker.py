@@ -15,6 +15,11 @@ stdout:
 - ``{"event": "stats", "t": ..., "held": ..., "cpu_s": ..., ...}`` every
   ``--report-interval`` seconds: work IDs whose work function runs here, the process CPU time,
   and running counts of what the lease and the pool reported to their observers;
+- with ``--trail``: ``{"event": "acquired", ...}`` for every acquisition (work ID, token,
+  what the previous holder left: exit, holder, checkpoint) and ``{"event": "checkpointed",
+  ...}`` once the work function's one checkpoint (``"<holder>:<token>"``, written right after
+  the acquisition) was acknowledged, so the benchmark can tell whether a move carried the
+  previous holder's checkpoint;
 - ``{"event": "stopped", ...}`` after SIGTERM stopped the pool and it returned;
 - ``{"event": "wrong-tree", ...}`` (exit 2) when ``worklease`` was imported from outside
   ``--expect-root``: the benchmark measures a specific source tree.
@@ -28,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import inspect
 import json
 import logging
 import signal
@@ -69,6 +75,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--idle-interval", type=float, default=1.0)
     parser.add_argument("--report-interval", type=float, default=1.0)
     parser.add_argument(
+        "--trail", action="store_true", help="checkpoint once per acquisition and report both"
+    )
+    parser.add_argument(
+        "--fair-share",
+        choices=("on", "off", "default"),
+        default="default",
+        help="pass fair_share= to the pool (only if this tree's pool has it)",
+    )
+    parser.add_argument(
         "--expect-root", default="", help="refuse to run unless worklease comes from here"
     )
     return parser.parse_args(argv)
@@ -107,6 +122,7 @@ async def run(args: argparse.Namespace, origin: str) -> int:
             "scan_acquired",
             "slot_backoffs",
             "slot_lost",
+            "slot_shed",
         ),
         0,
     )
@@ -138,11 +154,28 @@ async def run(args: argparse.Namespace, origin: str) -> int:
         def on_slot_lost(self, event: SlotLostEvent) -> None:
             counts["slot_lost"] += 1
 
+        def on_slot_shed(self, event: Any) -> None:  # called by pools that share fairly
+            counts["slot_shed"] += 1
+
     stopped = asyncio.Event()
     stop_requested: list[float] = []
 
     async def hold(token: Token, prior: Checkpoint) -> None:
-        # Hold the work ID until the pool stops (stop() cancels this wait).
+        if args.trail:
+            emit(
+                event="acquired",
+                holder=args.holder,
+                t=time.monotonic(),
+                work_id=token.work_id,
+                token=token.fencing_token,
+                prev_exit=str(prior.prev_exit),
+                prev_holder=prior.prev_holder_id,
+                state=None if prior.state is None else prior.state.decode(),
+            )
+            state = f"{args.holder}:{token.fencing_token}"
+            await lease.checkpoint(token, state.encode())
+            emit(event="checkpointed", holder=args.holder, work_id=token.work_id, state=state)
+        # Hold the work ID until the pool stops or hands it over (both cancel this wait).
         await stopped.wait()
 
     backend = worklease.AsyncPostgresBackend.connect(args.dsn)
@@ -150,12 +183,18 @@ async def run(args: argparse.Namespace, origin: str) -> int:
         lease = worklease.AsyncLease(
             backend, holder_id=args.holder, ttl=args.ttl, observer=LeaseCounts()
         )
+        options: dict[str, Any] = {}
+        if args.fair_share != "default":
+            parameters = inspect.signature(worklease.AsyncPool).parameters
+            if "fair_share" in parameters:
+                options["fair_share"] = args.fair_share == "on"
         pool = worklease.AsyncPool(
             lease,
             work_ids(args.work_ids),
             hold,
             idle_interval=args.idle_interval,
             observer=PoolCounts(),
+            **options,
         )
 
         def stop() -> None:

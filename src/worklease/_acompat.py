@@ -349,26 +349,40 @@ async def acleanup(timeout: float, fn: Callable[..., Coroutine[Any, Any, T]], *a
     """
     task = asyncio.ensure_future(fn(*args))
     loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    cancelled = False
-    while not task.done():
-        left = deadline - loop.time()
-        if left <= 0:
+    expired: list[bool] = []
+
+    def expire() -> None:
+        if not task.done():
+            expired.append(True)
             task.cancel()
-            task.add_done_callback(_retrieve)
-            expired = TimeoutError(f"cleanup did not finish within {timeout:g}s")
-            if cancelled:  # the outside cancellation wins over our own timeout
-                raise asyncio.CancelledError from expired
-            raise expired
-        try:
-            await asyncio.wait((task,), timeout=left)
-        except asyncio.CancelledError:
-            cancelled = True
+
+    # One timer and one shield per call (a pool stopping ends thousands of holds at once:
+    # asyncio.wait would cost a future and two callbacks per round).
+    timer = loop.call_later(max(timeout, 0.0), expire)
+    cancelled = False
+    try:
+        while True:
+            try:
+                result = await asyncio.shield(task)
+                break
+            except asyncio.CancelledError:
+                if task.done():  # cancelled by our own timer (or by the writes themselves)
+                    if expired:
+                        error = TimeoutError(f"cleanup did not finish within {timeout:g}s")
+                        if cancelled:  # the outside cancellation wins over our own timeout
+                            raise asyncio.CancelledError from error
+                        raise error from None
+                    raise
+                cancelled = True  # from outside: held back until the writes end
+            except BaseException:
+                if cancelled:  # the writes failed after all: the cancellation takes precedence
+                    raise asyncio.CancelledError from None
+                raise
+    finally:
+        timer.cancel()
     if cancelled:
-        if not task.cancelled():
-            task.exception()  # retrieved: the cancellation takes precedence
         raise asyncio.CancelledError
-    return task.result()
+    return result
 
 
 def cleanup(timeout: float, fn: Callable[..., T], *args: Any) -> T:

@@ -17,14 +17,15 @@ from .lease import AsyncLease
 __all__ = ["AsyncReleaseBatch"]
 
 
-class _Pending:
-    __slots__ = ("done", "error", "mode", "token")
+class _Burst:
+    """The releases sent in one call; every caller waits on the same event."""
 
-    def __init__(self, token: Token, mode: ExitMode) -> None:
-        self.token = token
-        self.mode = mode
+    __slots__ = ("done", "items", "outcomes")
+
+    def __init__(self) -> None:
+        self.items: list[tuple[Token, ExitMode]] = []
+        self.outcomes: list[Exception | None] = []
         self.done = AEvent()
-        self.error: Exception | None = None
 
 
 class AsyncReleaseBatch:
@@ -33,7 +34,7 @@ class AsyncReleaseBatch:
     def __init__(self, lease: AsyncLease) -> None:
         self._lease = lease
         self._lock = ThreadLock()
-        self._queue: list[_Pending] = []
+        self._burst: _Burst | None = None
         self._draining = False
 
     @property
@@ -43,42 +44,50 @@ class AsyncReleaseBatch:
         return self._release
 
     async def _release(self, token: Token, mode: ExitMode) -> None:
-        pending = _Pending(token, mode)
         with self._lock:
-            self._queue.append(pending)
+            burst = self._burst
+            if burst is None:
+                burst = self._burst = _Burst()
+            index = len(burst.items)
+            burst.items.append((token, mode))
             start = not self._draining
             self._draining = True
         if start:
             # Its own worker: a caller given up on (a cleanup timeout) never strands the
             # releases queued behind it.
             aspawn(self._drain, name="worklease-releases")
-        await pending.done.wait()
-        if pending.error is not None:
-            raise pending.error
+        await burst.done.wait()
+        error = burst.outcomes[index]
+        if error is not None:
+            raise error
 
     async def _drain(self) -> None:
         await asleep(ABATCH_LINGER)  # let the releases arriving together join
         while True:
             with self._lock:
-                burst, self._queue = self._queue, []
-                if not burst:
+                burst, self._burst = self._burst, None
+                if burst is None:
                     self._draining = False
                     return
-            for mode in dict.fromkeys(pending.mode for pending in burst):
-                group = [pending for pending in burst if pending.mode is mode]
-                try:
-                    outcomes = await self._lease._release_together(
-                        [pending.token for pending in group], mode
-                    )
-                except Exception as exc:  # a bug: every caller hears of it
-                    outcomes = [exc] * len(group)
-                except BaseException as exc:  # cancelled (the loop shuts down)
-                    for pending in burst:
-                        pending.error = RuntimeError(f"release batch ended: {exc!r}")
-                        pending.done.set_threadsafe()
-                    with self._lock:
-                        self._draining = False
-                    raise
-                for pending, outcome in zip(group, outcomes, strict=True):
-                    pending.error = outcome
-                    pending.done.set_threadsafe()
+            try:
+                burst.outcomes = await self._send(burst.items)
+            except BaseException as exc:  # cancelled (the loop shuts down)
+                burst.outcomes = [RuntimeError(f"release batch ended: {exc!r}")] * len(burst.items)
+                burst.done.set_threadsafe()
+                with self._lock:
+                    self._draining = False
+                raise
+            burst.done.set_threadsafe()
+
+    async def _send(self, items: list[tuple[Token, ExitMode]]) -> list[Exception | None]:
+        """Release ``items``, one call per exit mode; each item's outcome, in order."""
+        outcomes: list[Exception | None] = [None] * len(items)
+        for mode in dict.fromkeys(mode for _, mode in items):
+            indexes = [i for i, (_, item_mode) in enumerate(items) if item_mode is mode]
+            try:
+                results = await self._lease._release_together([items[i][0] for i in indexes], mode)
+            except Exception as exc:  # a bug: every caller hears of it
+                results = [exc] * len(indexes)
+            for i, result in zip(indexes, results, strict=True):
+                outcomes[i] = result
+        return outcomes

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from types import TracebackType
 from typing import Protocol
 
@@ -70,8 +71,12 @@ class AsyncHold:
         options: HoldOptions,
         granted: tuple[Token, Checkpoint | None] | None = None,
         release: AsyncReleaser | None = None,
+        defer: Callable[[Token, ExitMode], bool] | None = None,
     ) -> None:
         self._lease = lease
+        self._defer = defer
+        """Offered a final release with nothing to write first; when it takes it (True),
+        the caller releases the lease later, together with others (a stopping pool)."""
         self._release: AsyncReleaser = release if release is not None else lease.release
         self._granted = granted
         self._work_id = work_id
@@ -178,6 +183,8 @@ class AsyncHold:
         shed = renewal.shed
         mode = ExitMode.FINISHED if exc is None and not shed else ExitMode.ABANDONED
         final = self._final if exc is None else None
+        if final is None and self._defer is not None and self._defer(token, mode):
+            return shed and (exc is None or isinstance(exc, LeaseShedError))
         try:
             await acleanup(self._cleanup_timeout, finish, self._lease, token, final, mode, release)
         except Exception as error:

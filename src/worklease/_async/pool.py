@@ -179,6 +179,8 @@ class AsyncPool:
         self._renewals: dict[str, AsyncRenewal] = {}
         """The renewal of each work function running here (a shed tells it to stop)."""
         self._uncovered = 0
+        self._deferred: list[tuple[Token, ExitMode]] = []
+        """Final releases of slots that ended while the pool stops: sent together by run()."""
         self._leaving = AEvent()
         """Set when the pool's run ends: the membership lease is given up."""
         self._lock = ThreadLock()
@@ -241,9 +243,10 @@ class AsyncPool:
             self._done = set()
             self._claimed = set()
             self._unstarted = {}
+            self._deferred = []
             self._shedding = set()
         runner = AsyncRunner._with_options(
-            self._lease, self._adapter, self._options, self._releases.release
+            self._lease, self._adapter, self._options, self._releases.release, self._defer
         )
         balancing = self._fair and self._lease._capabilities.survey is not None
         if self._fair and not balancing:
@@ -252,9 +255,12 @@ class AsyncPool:
                 "free instead of its fair share"
             )
         self._leaving = AEvent()
-        membership = aspawn(self._membership, name="worklease-pool-member") if balancing else None
+        membership: AWorker | None = None
         try:
             try:
+                if balancing:  # joined before the first scan: the others count us at once
+                    joined = await self._join()
+                    membership = aspawn(self._membership, joined, name="worklease-pool-member")
                 await self._scan_loop(runner, balancing)
                 await ajoin_all(self._live_workers())
             except BaseException:
@@ -264,8 +270,8 @@ class AsyncPool:
             finally:
                 await self._release_unstarted()
         finally:
+            self._leaving.set()
             if membership is not None:
-                self._leaving.set()
                 acancel_worker(membership)
                 await ajoin_all([membership], self._options.cleanup_timeout + 1.0)
             with self._lock:
@@ -306,7 +312,8 @@ class AsyncPool:
                 if balancing or candidates:
                     try:
                         if balancing:
-                            await self._balance(runner, balancer)
+                            if await self._balance(runner, balancer):
+                                delay = self._pacing.idle_interval / 10  # more to take now
                         else:
                             self._start_slots(runner, await self._scan(candidates))
                     except Exception as exc:
@@ -328,9 +335,11 @@ class AsyncPool:
             grants = call.result = await self._lease._acquire_available(candidates)
         return grants
 
-    async def _balance(self, runner: AsyncRunner, balancer: Balancer) -> None:
+    async def _balance(self, runner: AsyncRunner, balancer: Balancer) -> bool:
         """One fair-share scan: survey the group, take free work IDs up to the target, shed
-        the surplus."""
+        the surplus. True when it took all it tried and is still under its target: the next
+        scan should come soon (taking free work moves nothing, so it is not paced like
+        shedding)."""
         work_ids = list(self._work_ids)
         with self._lock:
             candidates = len(work_ids) - len(self._claimed | self._done)
@@ -348,6 +357,11 @@ class AsyncPool:
         for work_id in plan.shed:
             self._shed(work_id)
         self._report_balance(plan, grants)
+        return (
+            bool(grants)
+            and len(grants) == len(plan.take)
+            and (plan.held + len(grants) < plan.target)
+        )
 
     def _report_balance(self, plan: Plan, grants: list[tuple[Token, Checkpoint | None]]) -> None:
         if plan.uncovered != self._uncovered:
@@ -384,37 +398,51 @@ class AsyncPool:
         if renewal is not None:
             renewal._request_shed("handed to another pool member")
 
-    async def _membership(self) -> None:
-        """Hold this pool's membership lease of its group while the pool runs (re-joining
-        after a loss), so the other members count it; forget it when the pool stops."""
+    async def _join(self) -> Token | None:
+        """Acquire this pool's membership lease of its group and publish its cap; ``None``
+        when that failed (a previous run of this holder still holds it, or the backend
+        failed: the membership worker tries again)."""
         lease = self._lease
-        work_id = member_work_id(self._group, lease.holder_id)
-        state = encode_member(self._cap)
+        try:
+            token = await lease.acquire(member_work_id(self._group, lease.holder_id))
+        except LeaseHeldError:
+            return None
+        except Exception as exc:
+            logger.warning("worklease pool %s: joining failed: %s", self._group, exc)
+            return None
+        try:
+            await lease.checkpoint(token, encode_member(self._cap))
+        except Exception as exc:
+            logger.warning("worklease pool %s: joining failed: %s", self._group, exc)
+            await self._leave(token)
+            return None
+        return token
+
+    async def _membership(self, token: Token | None) -> None:
+        """Keep this pool's membership lease (``token``, when joining already worked) while
+        the pool runs, re-joining after a loss, so the other members count it; forget it
+        when the pool's run ends."""
         pause = self._pacing.idle_interval
         leaving = self._leaving
         while not leaving.is_set():
+            if token is None:
+                token = await self._join()
+                if token is None:
+                    await leaving.wait_timeout(pause)
+                    continue
             try:
-                token = await lease.acquire(work_id)
-            except LeaseHeldError:  # a previous run of this holder still holds it
-                await leaving.wait_timeout(pause)
-                continue
-            except Exception as exc:
-                logger.warning("worklease pool %s: joining failed: %s", self._group, exc)
-                await leaving.wait_timeout(self._pacing.backoff_interval)
-                continue
-            try:
-                await lease.checkpoint(token, state)
-                async with lease._renewal(token, self._options.renewal) as renewal:
+                async with self._lease._renewal(token, self._options.renewal) as renewal:
                     while not await leaving.wait_timeout(pause):
                         renewal.raise_if_lost()
             except LeaseLostError:
-                continue  # lost the membership: join again
+                pass  # lost the membership: join again
             except Exception as exc:
                 logger.warning("worklease pool %s: membership failed: %s", self._group, exc)
                 await leaving.wait_timeout(self._pacing.backoff_interval)
             finally:
                 if leaving.is_set():
                     await self._leave(token)
+            token = None
 
     async def _leave(self, token: Token) -> None:
         try:
@@ -535,28 +563,42 @@ class AsyncPool:
                 notify(observer.on_slot_backoff, SlotBackoffEvent(work_id, error, delay))
                 await self._pause(delay)
 
+    def _defer(self, token: Token, mode: ExitMode) -> bool:
+        """A slot's plain final release while the pool stops: kept for one release of all
+        of them when run ends (cheaper than a batch per slot for thousands of work IDs)."""
+        with self._lock:
+            if not self._stop.is_set():
+                return False
+            self._deferred.append((token, mode))
+            return True
+
     async def _release_unstarted(self) -> None:
-        """Hand back the grants no slot started (the pool stopped first), ABANDONED like any
-        work the pool stops, within ``cleanup_timeout``."""
+        """Hand back, within ``cleanup_timeout``, the grants no slot started (the pool stopped
+        first: ABANDONED like any work the pool stops) and the final releases slots left to
+        the pool as it stopped."""
         with self._lock:
             tokens, self._unstarted = list(self._unstarted.values()), {}
-        if not tokens:
+            pending, self._deferred = self._deferred, []
+        pending += [(token, ExitMode.ABANDONED) for token in tokens]
+        if not pending:
             return
         try:
-            await acleanup(self._options.cleanup_timeout, self._release_all, tokens)
+            await acleanup(self._options.cleanup_timeout, self._release_all, pending)
         except Exception as exc:
             logger.warning(
-                "worklease pool could not hand back %d work ID(s) it acquired as it stopped "
-                "(they lapse after the TTL): %s",
-                len(tokens),
+                "worklease pool could not hand back %d work ID(s) as it stopped (they lapse "
+                "after the TTL): %s",
+                len(pending),
                 exc,
             )
 
-    async def _release_all(self, tokens: list[Token]) -> None:
-        outcomes = await self._lease._release_together(tokens, ExitMode.ABANDONED)
-        for outcome in outcomes:  # a lease taken over or lapsed meanwhile: nothing to hand back
-            if outcome is not None and not isinstance(outcome, LeaseLostError):
-                raise outcome
+    async def _release_all(self, pending: list[tuple[Token, ExitMode]]) -> None:
+        for mode in dict.fromkeys(mode for _, mode in pending):
+            tokens = [token for token, item_mode in pending if item_mode is mode]
+            outcomes = await self._lease._release_together(tokens, mode)
+            for outcome in outcomes:  # taken over or lapsed meanwhile: nothing to hand back
+                if outcome is not None and not isinstance(outcome, LeaseLostError):
+                    raise outcome
 
     async def _pause(self, seconds: float) -> None:
         await self._stop.wait_timeout(seconds)

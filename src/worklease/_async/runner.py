@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import timedelta
 
 from .._acompat import acall
-from .._models import Checkpoint, Token
+from .._models import Checkpoint, ExitMode, Token
 from .._options import (
     DEFAULT_CLEANUP_TIMEOUT,
     DEFAULT_POLL_INTERVAL,
@@ -74,6 +75,7 @@ class AsyncRunner:
                 names=RUNNER_NAMES,
             )
         self._release: AsyncReleaser | None = None
+        self._defer: Callable[[Token, ExitMode], bool] | None = None
 
     @classmethod
     def _with_options(
@@ -82,13 +84,16 @@ class AsyncRunner:
         work: AsyncWorkFn,
         options: HoldOptions,
         release: AsyncReleaser | None = None,
+        defer: Callable[[Token, ExitMode], bool] | None = None,
     ) -> AsyncRunner:
-        """A runner with options checked already, releasing through ``release`` (a pool's)."""
+        """A runner with options checked already, releasing through ``release`` and offering
+        plain final releases to ``defer`` (a pool's, see ``AsyncHold``)."""
         runner = cls.__new__(cls)
         runner._lease = lease
         runner._work = work
         runner._options = options
         runner._release = release
+        runner._defer = defer
         return runner
 
     @property
@@ -101,5 +106,7 @@ class AsyncRunner:
 
     async def _run(self, work_id: str, granted: tuple[Token, Checkpoint | None] | None) -> None:
         """``run``, or with ``granted`` the same cycle on a lease acquired beforehand."""
-        async with AsyncHold(self._lease, work_id, self._options, granted, self._release) as held:
+        async with AsyncHold(
+            self._lease, work_id, self._options, granted, self._release, self._defer
+        ) as held:
             held.finish_with(await acall(self._work, held.token, held.prior))

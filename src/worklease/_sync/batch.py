@@ -20,14 +20,15 @@ from .lease import Lease
 __all__ = ["ReleaseBatch"]
 
 
-class _Pending:
-    __slots__ = ("done", "error", "mode", "token")
+class _Burst:
+    """The releases sent in one call; every caller waits on the same event."""
 
-    def __init__(self, token: Token, mode: ExitMode) -> None:
-        self.token = token
-        self.mode = mode
+    __slots__ = ("done", "items", "outcomes")
+
+    def __init__(self) -> None:
+        self.items: list[tuple[Token, ExitMode]] = []
+        self.outcomes: list[Exception | None] = []
         self.done = Event()
-        self.error: Exception | None = None
 
 
 class ReleaseBatch:
@@ -36,7 +37,7 @@ class ReleaseBatch:
     def __init__(self, lease: Lease) -> None:
         self._lease = lease
         self._lock = ThreadLock()
-        self._queue: list[_Pending] = []
+        self._burst: _Burst | None = None
         self._draining = False
 
     @property
@@ -46,42 +47,50 @@ class ReleaseBatch:
         return self._release
 
     def _release(self, token: Token, mode: ExitMode) -> None:
-        pending = _Pending(token, mode)
         with self._lock:
-            self._queue.append(pending)
+            burst = self._burst
+            if burst is None:
+                burst = self._burst = _Burst()
+            index = len(burst.items)
+            burst.items.append((token, mode))
             start = not self._draining
             self._draining = True
         if start:
             # Its own worker: a caller given up on (a cleanup timeout) never strands the
             # releases queued behind it.
             spawn(self._drain, name="worklease-releases")
-        pending.done.wait()
-        if pending.error is not None:
-            raise pending.error
+        burst.done.wait()
+        error = burst.outcomes[index]
+        if error is not None:
+            raise error
 
     def _drain(self) -> None:
         sleep(BATCH_LINGER)  # let the releases arriving together join
         while True:
             with self._lock:
-                burst, self._queue = self._queue, []
-                if not burst:
+                burst, self._burst = self._burst, None
+                if burst is None:
                     self._draining = False
                     return
-            for mode in dict.fromkeys(pending.mode for pending in burst):
-                group = [pending for pending in burst if pending.mode is mode]
-                try:
-                    outcomes = self._lease._release_together(
-                        [pending.token for pending in group], mode
-                    )
-                except Exception as exc:  # a bug: every caller hears of it
-                    outcomes = [exc] * len(group)
-                except BaseException as exc:  # cancelled (the loop shuts down)
-                    for pending in burst:
-                        pending.error = RuntimeError(f"release batch ended: {exc!r}")
-                        pending.done.set()
-                    with self._lock:
-                        self._draining = False
-                    raise
-                for pending, outcome in zip(group, outcomes, strict=True):
-                    pending.error = outcome
-                    pending.done.set()
+            try:
+                burst.outcomes = self._send(burst.items)
+            except BaseException as exc:  # cancelled (the loop shuts down)
+                burst.outcomes = [RuntimeError(f"release batch ended: {exc!r}")] * len(burst.items)
+                burst.done.set()
+                with self._lock:
+                    self._draining = False
+                raise
+            burst.done.set()
+
+    def _send(self, items: list[tuple[Token, ExitMode]]) -> list[Exception | None]:
+        """Release ``items``, one call per exit mode; each item's outcome, in order."""
+        outcomes: list[Exception | None] = [None] * len(items)
+        for mode in dict.fromkeys(mode for _, mode in items):
+            indexes = [i for i, (_, item_mode) in enumerate(items) if item_mode is mode]
+            try:
+                results = self._lease._release_together([items[i][0] for i in indexes], mode)
+            except Exception as exc:  # a bug: every caller hears of it
+                results = [exc] * len(indexes)
+            for i, result in zip(indexes, results, strict=True):
+                outcomes[i] = result
+        return outcomes

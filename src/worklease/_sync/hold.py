@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from types import TracebackType
 from typing import Protocol
 
@@ -73,8 +74,12 @@ class Hold:
         options: HoldOptions,
         granted: tuple[Token, Checkpoint | None] | None = None,
         release: Releaser | None = None,
+        defer: Callable[[Token, ExitMode], bool] | None = None,
     ) -> None:
         self._lease = lease
+        self._defer = defer
+        """Offered a final release with nothing to write first; when it takes it (True),
+        the caller releases the lease later, together with others (a stopping pool)."""
         self._release: Releaser = release if release is not None else lease.release
         self._granted = granted
         self._work_id = work_id
@@ -181,6 +186,8 @@ class Hold:
         shed = renewal.shed
         mode = ExitMode.FINISHED if exc is None and not shed else ExitMode.ABANDONED
         final = self._final if exc is None else None
+        if final is None and self._defer is not None and self._defer(token, mode):
+            return shed and (exc is None or isinstance(exc, LeaseShedError))
         try:
             cleanup(self._cleanup_timeout, finish, self._lease, token, final, mode, release)
         except Exception as error:

@@ -182,6 +182,8 @@ class Pool:
         self._renewals: dict[str, Renewal] = {}
         """The renewal of each work function running here (a shed tells it to stop)."""
         self._uncovered = 0
+        self._deferred: list[tuple[Token, ExitMode]] = []
+        """Final releases of slots that ended while the pool stops: sent together by run()."""
         self._leaving = Event()
         """Set when the pool's run ends: the membership lease is given up."""
         self._lock = ThreadLock()
@@ -244,9 +246,10 @@ class Pool:
             self._done = set()
             self._claimed = set()
             self._unstarted = {}
+            self._deferred = []
             self._shedding = set()
         runner = Runner._with_options(
-            self._lease, self._adapter, self._options, self._releases.release
+            self._lease, self._adapter, self._options, self._releases.release, self._defer
         )
         balancing = self._fair and self._lease._capabilities.survey is not None
         if self._fair and not balancing:
@@ -255,9 +258,12 @@ class Pool:
                 "free instead of its fair share"
             )
         self._leaving = Event()
-        membership = spawn(self._membership, name="worklease-pool-member") if balancing else None
+        membership: Worker | None = None
         try:
             try:
+                if balancing:  # joined before the first scan: the others count us at once
+                    joined = self._join()
+                    membership = spawn(self._membership, joined, name="worklease-pool-member")
                 self._scan_loop(runner, balancing)
                 join_all(self._live_workers())
             except BaseException:
@@ -267,8 +273,8 @@ class Pool:
             finally:
                 self._release_unstarted()
         finally:
+            self._leaving.set()
             if membership is not None:
-                self._leaving.set()
                 cancel_worker(membership)
                 join_all([membership], self._options.cleanup_timeout + 1.0)
             with self._lock:
@@ -309,7 +315,8 @@ class Pool:
                 if balancing or candidates:
                     try:
                         if balancing:
-                            self._balance(runner, balancer)
+                            if self._balance(runner, balancer):
+                                delay = self._pacing.idle_interval / 10  # more to take now
                         else:
                             self._start_slots(runner, self._scan(candidates))
                     except Exception as exc:
@@ -331,9 +338,11 @@ class Pool:
             grants = call.result = self._lease._acquire_available(candidates)
         return grants
 
-    def _balance(self, runner: Runner, balancer: Balancer) -> None:
+    def _balance(self, runner: Runner, balancer: Balancer) -> bool:
         """One fair-share scan: survey the group, take free work IDs up to the target, shed
-        the surplus."""
+        the surplus. True when it took all it tried and is still under its target: the next
+        scan should come soon (taking free work moves nothing, so it is not paced like
+        shedding)."""
         work_ids = list(self._work_ids)
         with self._lock:
             candidates = len(work_ids) - len(self._claimed | self._done)
@@ -351,6 +360,11 @@ class Pool:
         for work_id in plan.shed:
             self._shed(work_id)
         self._report_balance(plan, grants)
+        return (
+            bool(grants)
+            and len(grants) == len(plan.take)
+            and (plan.held + len(grants) < plan.target)
+        )
 
     def _report_balance(self, plan: Plan, grants: list[tuple[Token, Checkpoint | None]]) -> None:
         if plan.uncovered != self._uncovered:
@@ -387,37 +401,51 @@ class Pool:
         if renewal is not None:
             renewal._request_shed("handed to another pool member")
 
-    def _membership(self) -> None:
-        """Hold this pool's membership lease of its group while the pool runs (re-joining
-        after a loss), so the other members count it; forget it when the pool stops."""
+    def _join(self) -> Token | None:
+        """Acquire this pool's membership lease of its group and publish its cap; ``None``
+        when that failed (a previous run of this holder still holds it, or the backend
+        failed: the membership worker tries again)."""
         lease = self._lease
-        work_id = member_work_id(self._group, lease.holder_id)
-        state = encode_member(self._cap)
+        try:
+            token = lease.acquire(member_work_id(self._group, lease.holder_id))
+        except LeaseHeldError:
+            return None
+        except Exception as exc:
+            logger.warning("worklease pool %s: joining failed: %s", self._group, exc)
+            return None
+        try:
+            lease.checkpoint(token, encode_member(self._cap))
+        except Exception as exc:
+            logger.warning("worklease pool %s: joining failed: %s", self._group, exc)
+            self._leave(token)
+            return None
+        return token
+
+    def _membership(self, token: Token | None) -> None:
+        """Keep this pool's membership lease (``token``, when joining already worked) while
+        the pool runs, re-joining after a loss, so the other members count it; forget it
+        when the pool's run ends."""
         pause = self._pacing.idle_interval
         leaving = self._leaving
         while not leaving.is_set():
+            if token is None:
+                token = self._join()
+                if token is None:
+                    leaving.wait(pause)
+                    continue
             try:
-                token = lease.acquire(work_id)
-            except LeaseHeldError:  # a previous run of this holder still holds it
-                leaving.wait(pause)
-                continue
-            except Exception as exc:
-                logger.warning("worklease pool %s: joining failed: %s", self._group, exc)
-                leaving.wait(self._pacing.backoff_interval)
-                continue
-            try:
-                lease.checkpoint(token, state)
-                with lease._renewal(token, self._options.renewal) as renewal:
+                with self._lease._renewal(token, self._options.renewal) as renewal:
                     while not leaving.wait(pause):
                         renewal.raise_if_lost()
             except LeaseLostError:
-                continue  # lost the membership: join again
+                pass  # lost the membership: join again
             except Exception as exc:
                 logger.warning("worklease pool %s: membership failed: %s", self._group, exc)
                 leaving.wait(self._pacing.backoff_interval)
             finally:
                 if leaving.is_set():
                     self._leave(token)
+            token = None
 
     def _leave(self, token: Token) -> None:
         try:
@@ -534,28 +562,42 @@ class Pool:
                 notify(observer.on_slot_backoff, SlotBackoffEvent(work_id, error, delay))
                 self._pause(delay)
 
+    def _defer(self, token: Token, mode: ExitMode) -> bool:
+        """A slot's plain final release while the pool stops: kept for one release of all
+        of them when run ends (cheaper than a batch per slot for thousands of work IDs)."""
+        with self._lock:
+            if not self._stop.is_set():
+                return False
+            self._deferred.append((token, mode))
+            return True
+
     def _release_unstarted(self) -> None:
-        """Hand back the grants no slot started (the pool stopped first), ABANDONED like any
-        work the pool stops, within ``cleanup_timeout``."""
+        """Hand back, within ``cleanup_timeout``, the grants no slot started (the pool stopped
+        first: ABANDONED like any work the pool stops) and the final releases slots left to
+        the pool as it stopped."""
         with self._lock:
             tokens, self._unstarted = list(self._unstarted.values()), {}
-        if not tokens:
+            pending, self._deferred = self._deferred, []
+        pending += [(token, ExitMode.ABANDONED) for token in tokens]
+        if not pending:
             return
         try:
-            cleanup(self._options.cleanup_timeout, self._release_all, tokens)
+            cleanup(self._options.cleanup_timeout, self._release_all, pending)
         except Exception as exc:
             logger.warning(
-                "worklease pool could not hand back %d work ID(s) it acquired as it stopped "
-                "(they lapse after the TTL): %s",
-                len(tokens),
+                "worklease pool could not hand back %d work ID(s) as it stopped (they lapse "
+                "after the TTL): %s",
+                len(pending),
                 exc,
             )
 
-    def _release_all(self, tokens: list[Token]) -> None:
-        outcomes = self._lease._release_together(tokens, ExitMode.ABANDONED)
-        for outcome in outcomes:  # a lease taken over or lapsed meanwhile: nothing to hand back
-            if outcome is not None and not isinstance(outcome, LeaseLostError):
-                raise outcome
+    def _release_all(self, pending: list[tuple[Token, ExitMode]]) -> None:
+        for mode in dict.fromkeys(mode for _, mode in pending):
+            tokens = [token for token, item_mode in pending if item_mode is mode]
+            outcomes = self._lease._release_together(tokens, mode)
+            for outcome in outcomes:  # taken over or lapsed meanwhile: nothing to hand back
+                if outcome is not None and not isinstance(outcome, LeaseLostError):
+                    raise outcome
 
     def _pause(self, seconds: float) -> None:
         self._stop.wait(seconds)

@@ -5,10 +5,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import timedelta
 
 from .._acompat import call
-from .._models import Checkpoint, Token
+from .._models import Checkpoint, ExitMode, Token
 from .._options import (
     DEFAULT_CLEANUP_TIMEOUT,
     DEFAULT_POLL_INTERVAL,
@@ -77,6 +78,7 @@ class Runner:
                 names=RUNNER_NAMES,
             )
         self._release: Releaser | None = None
+        self._defer: Callable[[Token, ExitMode], bool] | None = None
 
     @classmethod
     def _with_options(
@@ -85,13 +87,16 @@ class Runner:
         work: WorkFn,
         options: HoldOptions,
         release: Releaser | None = None,
+        defer: Callable[[Token, ExitMode], bool] | None = None,
     ) -> Runner:
-        """A runner with options checked already, releasing through ``release`` (a pool's)."""
+        """A runner with options checked already, releasing through ``release`` and offering
+        plain final releases to ``defer`` (a pool's, see ``AsyncHold``)."""
         runner = cls.__new__(cls)
         runner._lease = lease
         runner._work = work
         runner._options = options
         runner._release = release
+        runner._defer = defer
         return runner
 
     @property
@@ -104,5 +109,5 @@ class Runner:
 
     def _run(self, work_id: str, granted: tuple[Token, Checkpoint | None] | None) -> None:
         """``run``, or with ``granted`` the same cycle on a lease acquired beforehand."""
-        with Hold(self._lease, work_id, self._options, granted, self._release) as held:
+        with Hold(self._lease, work_id, self._options, granted, self._release, self._defer) as held:
             held.finish_with(call(self._work, held.token, held.prior))
