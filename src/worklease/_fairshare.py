@@ -15,10 +15,11 @@ to the first members in holder-ID order), no member above its own ``max_work_ids
 a capped member cannot take spread over the others ("water filling"). Work IDs left over
 when every member is at its cap stay uncovered, and the plan says how many.
 
-Which work IDs: each member ranks the work IDs by a hash of (member, work ID) (rendezvous
-hashing), takes free ones in that order and sheds the ones it ranks lowest, so members
-prefer different work IDs (fewer lost races for the same free one) and a given work ID tends
-to return to the same member.
+Which work IDs: rendezvous hashing. Every member ranks every work ID by a hash of (member,
+work ID); a free work ID "belongs" to the live member ranking it highest. A member takes
+first the free work IDs that belong to it (so members racing for free work mostly want
+different ones), then others in its own order, and sheds the ones it ranks lowest; a given
+work ID tends to return to the same member.
 
 Stability: a member sheds only when its surplus has been seen on two scans in a row (a
 membership that flickers moves nothing) and only as much as the other members lack beyond
@@ -137,9 +138,9 @@ def decode_member(holder_id: str, state: bytes | None) -> Member:
 
 
 def default_max_moves(total: int) -> int:
-    """How many work IDs one member takes or sheds per scan by default: a tenth of the set
-    (at least 10), so a big move is spread over a few scans."""
-    return max(10, -(-total // 10))
+    """How many work IDs one member takes or sheds per scan by default: a quarter of the
+    set (at least 10), so a big move is spread over a few scans."""
+    return max(10, -(-total // 4))
 
 
 def targets(total: int, members: Sequence[Member]) -> dict[str, int]:
@@ -202,9 +203,27 @@ class Balancer:
     max_moves: int = 10
     _surplus_seen: int = field(default=0, init=False)
     _order: dict[str, bytes] = field(default_factory=dict, init=False)
+    _others: dict[str, dict[str, bytes]] = field(default_factory=dict, init=False)
 
     def __post_init__(self) -> None:
         self._order = _ranks(self.holder_id, self.work_ids)
+
+    def _preference(self, free: list[str], peers: list[str]) -> list[str]:
+        """``free`` in the order this member should try them: those it ranks above every
+        peer first (they are "its" work IDs), then the rest, each by its own rank."""
+        ranks = []
+        for peer in peers:
+            known = self._others.get(peer)
+            if known is None:
+                known = self._others[peer] = _ranks(peer, self.work_ids)
+            ranks.append(known)
+        mine = self._order
+
+        def key(work_id: str) -> tuple[bool, bytes]:
+            own = mine[work_id]
+            return (all(own > other[work_id] for other in ranks), own)
+
+        return sorted(free, key=key, reverse=True)
 
     def plan(
         self,
@@ -238,8 +257,9 @@ class Balancer:
         shed: tuple[str, ...] = ()
         if held < target:
             self._surplus_seen = 0
-            free.sort(key=self._order.__getitem__, reverse=True)
-            take = tuple(free[: min(target - held, self.max_moves)])
+            peers = [member.holder_id for member in members if member.holder_id != self.holder_id]
+            ordered = self._preference(free, peers)
+            take = tuple(ordered[: min(target - held, self.max_moves)])
         elif held > target:
             self._surplus_seen += 1
             lacking = sum(
