@@ -337,9 +337,9 @@ class AsyncPool:
 
     async def _balance(self, runner: AsyncRunner, balancer: Balancer) -> bool:
         """One fair-share scan: survey the group, take free work IDs up to the target, shed
-        the surplus. True when it took all it tried, is still under its target and has
-        peers: the next scan should come soon (taking free work moves nothing, so it is not
-        paced like shedding)."""
+        the surplus. True when it took something, is still under its target (it lost some
+        races, or may take at most ``max_moves`` a scan) and has peers: the next scan should
+        come soon (taking free work moves nothing, so it is not paced like shedding)."""
         work_ids = list(self._work_ids)
         with self._lock:
             candidates = len(work_ids) - len(self._claimed | self._done)

@@ -56,13 +56,13 @@ class AsyncPostgresBackend:
     the tables first with :meth:`apply_schema` or ``worklease migrate``.
 
     Every operation is a single statement sent in one round trip in autocommit mode, pinned to
-    READ COMMITTED; expiry is decided by the database clock. Renewals use a small private pool
-    (up to four connections, built from the application pool's conninfo and kwargs, on the
-    schema the application's connections resolve) so they keep working when the application
-    exhausts its own pool; each renewal statement is bounded by a
-    ``statement_timeout`` of one TTL. Driver errors are raised as ``BackendError`` (with
-    ``transient`` set for connection loss, restarts, timeouts, serialization failures and pool
-    timeouts), chained to the driver's exception.
+    READ COMMITTED; expiry is decided by the database clock. Renewals, and a pool's surveys,
+    batched acquires and batched releases, use a small private pool (up to four connections,
+    built from the application pool's conninfo and kwargs, on the schema the application's
+    connections resolve) so they keep working when the application exhausts its own pool;
+    each renewal statement is bounded by a ``statement_timeout`` of one TTL. Driver errors are
+    raised as ``BackendError`` (with ``transient`` set for connection loss, restarts,
+    timeouts, serialization failures and pool timeouts), chained to the driver's exception.
 
     Releases and forgets NOTIFY the channel ``worklease_release`` with the work ID. With
     ``listen`` (the default) the backend LISTENs on one more dedicated connection (built like
@@ -326,18 +326,19 @@ class AsyncPostgresBackend:
         with the new holder's checkpoints, in input order; held ones are left out (optional
         method of the backend protocol)."""
         ids = distinct_work_ids(work_ids)
-        statements = self._statements
-        interval = statements.ttl(backend_ttl(ttl))
+        interval = Statements.ttl(backend_ttl(ttl))
         if not ids:
             return []
+        # Coordination traffic goes through the private pool, as renewals do: a pool's work
+        # functions keeping the application's pool busy must not hold up its scan.
+        statements = await self._renewal_target()
         rows, _ = await self._run(
             "acquire_many",
             statements.acquire_many,
             {"work_ids": ids, "holder_id": holder_id, "ttl": interval},
+            pool=await self._ensure_renewal_pool(),
         )
-        grants, schema = statements.granted_many(rows, holder_id)
-        if self._renewal_statements is None:
-            self._learn_schema(schema)
+        grants, _ = statements.granted_many(rows, holder_id)
         return grants
 
     async def find_available(self, work_ids: Sequence[str]) -> list[str]:
@@ -429,10 +430,12 @@ class AsyncPostgresBackend:
         distinct_work_ids([token.work_id for token in tokens])
         if not tokens:
             return []
-        statements = self._statements
+        statements = await self._renewal_target()
         params = statements.batch_params(tokens)
         params["mode"] = str(declared)
-        rows, _ = await self._run("release_many", statements.release_many, params)
+        rows, _ = await self._run(
+            "release_many", statements.release_many, params, pool=await self._ensure_renewal_pool()
+        )
         return statements.renewed_many(rows, tokens, "release")
 
     async def survey(self, work_ids: Sequence[str], prefix: str) -> PoolSurvey:
@@ -442,8 +445,12 @@ class AsyncPostgresBackend:
         ids = distinct_work_ids(work_ids)
         if not isinstance(prefix, str):
             raise TypeError(f"prefix must be a str, not {type(prefix).__name__}")
+        statements = await self._renewal_target()
         rows, _ = await self._run(
-            "survey", self._statements.survey, {"work_ids": ids, "prefix": prefix}
+            "survey",
+            statements.survey,
+            {"work_ids": ids, "prefix": prefix},
+            pool=await self._ensure_renewal_pool(),
         )
         return Statements.surveyed(rows)
 

@@ -59,13 +59,13 @@ class PostgresBackend:
     the tables first with :meth:`apply_schema` or ``worklease migrate``.
 
     Every operation is a single statement sent in one round trip in autocommit mode, pinned to
-    READ COMMITTED; expiry is decided by the database clock. Renewals use a small private pool
-    (up to four connections, built from the application pool's conninfo and kwargs, on the
-    schema the application's connections resolve) so they keep working when the application
-    exhausts its own pool; each renewal statement is bounded by a
-    ``statement_timeout`` of one TTL. Driver errors are raised as ``BackendError`` (with
-    ``transient`` set for connection loss, restarts, timeouts, serialization failures and pool
-    timeouts), chained to the driver's exception.
+    READ COMMITTED; expiry is decided by the database clock. Renewals, and a pool's surveys,
+    batched acquires and batched releases, use a small private pool (up to four connections,
+    built from the application pool's conninfo and kwargs, on the schema the application's
+    connections resolve) so they keep working when the application exhausts its own pool;
+    each renewal statement is bounded by a ``statement_timeout`` of one TTL. Driver errors are
+    raised as ``BackendError`` (with ``transient`` set for connection loss, restarts,
+    timeouts, serialization failures and pool timeouts), chained to the driver's exception.
 
     Releases and forgets NOTIFY the channel ``worklease_release`` with the work ID. With
     ``listen`` (the default) the backend LISTENs on one more dedicated connection (built like
@@ -329,18 +329,19 @@ class PostgresBackend:
         with the new holder's checkpoints, in input order; held ones are left out (optional
         method of the backend protocol)."""
         ids = distinct_work_ids(work_ids)
-        statements = self._statements
-        interval = statements.ttl(backend_ttl(ttl))
+        interval = Statements.ttl(backend_ttl(ttl))
         if not ids:
             return []
+        # Coordination traffic goes through the private pool, as renewals do: a pool's work
+        # functions keeping the application's pool busy must not hold up its scan.
+        statements = self._renewal_target()
         rows, _ = self._run(
             "acquire_many",
             statements.acquire_many,
             {"work_ids": ids, "holder_id": holder_id, "ttl": interval},
+            pool=self._ensure_renewal_pool(),
         )
-        grants, schema = statements.granted_many(rows, holder_id)
-        if self._renewal_statements is None:
-            self._learn_schema(schema)
+        grants, _ = statements.granted_many(rows, holder_id)
         return grants
 
     def find_available(self, work_ids: Sequence[str]) -> list[str]:
@@ -428,10 +429,12 @@ class PostgresBackend:
         distinct_work_ids([token.work_id for token in tokens])
         if not tokens:
             return []
-        statements = self._statements
+        statements = self._renewal_target()
         params = statements.batch_params(tokens)
         params["mode"] = str(declared)
-        rows, _ = self._run("release_many", statements.release_many, params)
+        rows, _ = self._run(
+            "release_many", statements.release_many, params, pool=self._ensure_renewal_pool()
+        )
         return statements.renewed_many(rows, tokens, "release")
 
     def survey(self, work_ids: Sequence[str], prefix: str) -> PoolSurvey:
@@ -441,7 +444,13 @@ class PostgresBackend:
         ids = distinct_work_ids(work_ids)
         if not isinstance(prefix, str):
             raise TypeError(f"prefix must be a str, not {type(prefix).__name__}")
-        rows, _ = self._run("survey", self._statements.survey, {"work_ids": ids, "prefix": prefix})
+        statements = self._renewal_target()
+        rows, _ = self._run(
+            "survey",
+            statements.survey,
+            {"work_ids": ids, "prefix": prefix},
+            pool=self._ensure_renewal_pool(),
+        )
         return Statements.surveyed(rows)
 
     def forget(self, token: Token) -> None:
