@@ -15,7 +15,8 @@ every process takes whatever is free), on the same server:
    ≤ 15 s), and how the join moved work: the share of moves done by release (the successor
    read ``abandoned``, not ``expired``; target 100 %) and checkpoints lost (the successor
    read something other than the previous holder's acknowledged checkpoint; target 0);
-5. a process holding all N alone gets SIGTERM: the time until every work ID is released
+5. a process holding all N alone (its start's checkpoints written) gets SIGTERM: the time
+   until every work ID is released
    (a successor may take it), and whether they were released rather than left to lapse
    (target ≤ 1 s, all released); the process's own time from SIGTERM until its pool
    stopped and its backend closed is shown beside it.
@@ -98,6 +99,19 @@ def wait(
         time.sleep(interval)
 
 
+def quiet(workers: Sequence[Worker], timeout: float = 60.0) -> float:
+    """Wait until every work function has written its one checkpoint (the start's burst of
+    writes is over); the seconds waited."""
+    start = time.monotonic()
+    while time.monotonic() - start < timeout:
+        acquired = sum(len(w.events("acquired")) for w in workers)
+        written = sum(len(w.events("checkpointed")) for w in workers)
+        if acquired and written >= acquired:
+            break
+        time.sleep(0.1)
+    return time.monotonic() - start
+
+
 def shares(sample: Sample, holders: Sequence[str]) -> list[int]:
     return [sample.holders.get(h, 0) for h in holders]
 
@@ -150,6 +164,10 @@ def run_design(design: str, src: Path, cfg: Config, server: str, tmp: Path) -> d
             }
             _progress(f"  start: {seconds:.2f} s, {result['start']['shares']}")
 
+            # The steady state starts once the start's burst of checkpoints is over, and
+            # ``settle`` later: an idle PostgreSQL 15 backend reports its statistics up to 10 s
+            # after its last statement.
+            result["start"]["burst_over_s"] = seconds + quiet(workers)
             time.sleep(cfg.settle)
             x0, own0, w0 = monitor.xacts(), monitor.own_xacts, time.monotonic()
             first = len(monitor.samples)
@@ -233,6 +251,7 @@ def sigterm_alone(
             sample, _ = wait(monitor, [worker], lambda s: s.total >= n, 60.0)
             if sample is None:
                 return {"measured": False, "note": "never held everything"}
+            quiet([worker])  # holding everything, its start's checkpoints written
             time.sleep(1.0)
             count = (
                 "SELECT count(*) FILTER (WHERE exit_mode IS NOT NULL),"
@@ -382,8 +401,9 @@ def render(report: dict[str, Any], cfg: Config) -> str:
         '`"<holder>:<token>"` once and holds its work ID until the pool stops or hands it over '
         "(`benchmarks/scale_worker.py --trail`). Shares are counted in the lease table every "
         "quarter second; statements per second are transactions in the bench database "
-        "(`pg_stat_database`) minus the benchmark's own. The result column judges fair share, "
-        "the scan design's in brackets.",
+        "(`pg_stat_database`) minus the benchmark's own, over a window that starts 11 s after "
+        "the start's burst of checkpoints ended (idle backends report late). The result "
+        "column judges fair share, the scan design's in brackets.",
         "",
         f"| scenario | {LABELS['fair']} | {LABELS['scan']} | target | result |",
         "|---|---|---|---|---|",

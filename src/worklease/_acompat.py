@@ -168,13 +168,15 @@ def worker_alive(worker: Worker) -> bool:
     return worker.is_alive()
 
 
-def acancel_worker(worker: AWorker) -> None:
-    """Cancel a task without waiting for it."""
+def acancel_worker(worker: AWorker) -> bool:
+    """Cancel a task without waiting for it; True (a task can be cancelled)."""
     worker.cancel()
+    return True
 
 
-def cancel_worker(worker: Worker) -> None:
-    """Threads cannot be cancelled; a worker thread notices its stop event instead."""
+def cancel_worker(worker: Worker) -> bool:
+    """Threads cannot be cancelled; a worker thread notices its stop event instead: False."""
+    return False
 
 
 def aloop_key() -> object:

@@ -224,11 +224,13 @@ class AsyncPool:
         if watch is not None:
             watch.close()  # ends the scan's wait at once
         with self._lock:
-            renewals = list(self._renewals.values())
-        for renewal in renewals:  # threads learn it from raise_if_lost(), like a shed
-            renewal._request_shed("the pool is stopping")
-        for worker in self._live_workers():
-            acancel_worker(worker)
+            renewals = dict(self._renewals)
+            workers = dict(self._workers)
+        for work_id, worker in workers.items():
+            renewal = renewals.get(work_id)
+            if not acancel_worker(worker) and renewal is not None:
+                # A thread cannot be cancelled: it learns it from raise_if_lost(), as a shed.
+                renewal._request_shed("the pool is stopping")
 
     async def run(self) -> None:
         """Run the pool until it is stopped or every work ID retired or died (see the class
