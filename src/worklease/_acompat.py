@@ -347,16 +347,24 @@ async def acleanup(timeout: float, fn: Callable[..., Coroutine[Any, Any, T]], *a
     """Run final writes ``fn(*args)`` to completion despite cancellation, within ``timeout``.
 
     A cancellation that arrives meanwhile is held back until the writes finish (or time
-    out) and then re-raised. On timeout the writes are cancelled and ``TimeoutError`` raised.
+    out) and then re-raised. At the deadline ``TimeoutError`` is raised at once and the writes
+    are cancelled in the background (a driver may take its time to cancel a query; nobody
+    waits for it).
     """
     task = asyncio.ensure_future(fn(*args))
     loop = asyncio.get_running_loop()
-    expired: list[bool] = []
+    expired = False
+    waiting: asyncio.Future[T] | None = None
 
     def expire() -> None:
-        if not task.done():
-            expired.append(True)
-            task.cancel()
+        nonlocal expired
+        if task.done():
+            return
+        expired = True
+        task.cancel()
+        task.add_done_callback(_retrieve)
+        if waiting is not None:
+            waiting.cancel()  # ends the wait below now, not when the writes end
 
     # One timer and one shield per call (a pool stopping ends thousands of holds at once:
     # asyncio.wait would cost a future and two callbacks per round).
@@ -364,16 +372,17 @@ async def acleanup(timeout: float, fn: Callable[..., Coroutine[Any, Any, T]], *a
     cancelled = False
     try:
         while True:
+            waiting = asyncio.shield(task)
             try:
-                result = await asyncio.shield(task)
+                result = await waiting
                 break
             except asyncio.CancelledError:
-                if task.done():  # cancelled by our own timer (or by the writes themselves)
-                    if expired:
-                        error = TimeoutError(f"cleanup did not finish within {timeout:g}s")
-                        if cancelled:  # the outside cancellation wins over our own timeout
-                            raise asyncio.CancelledError from error
-                        raise error from None
+                if expired:
+                    error = TimeoutError(f"cleanup did not finish within {timeout:g}s")
+                    if cancelled:  # the outside cancellation wins over our own timeout
+                        raise asyncio.CancelledError from error
+                    raise error from None
+                if task.done():  # the writes cancelled themselves
                     raise
                 cancelled = True  # from outside: held back until the writes end
             except BaseException:

@@ -211,6 +211,8 @@ class Balancer:
     def _preference(self, free: list[str], peers: list[str]) -> list[str]:
         """``free`` in the order this member should try them: those it ranks above every
         peer first (they are "its" work IDs), then the rest, each by its own rank."""
+        for gone in set(self._others) - set(peers):
+            del self._others[gone]  # a member that left (a restart with a new holder ID)
         ranks = []
         for peer in peers:
             known = self._others.get(peer)
@@ -250,7 +252,8 @@ class Balancer:
         # Our own holdings are the slots running here: a lease under our name without a slot
         # is a previous run's, lapsing.
         counts = {holder: n for holder, n in survey.held.items() if holder != self.holder_id}
-        free = [work_id for work_id in survey.free if work_id not in mine | done]
+        unclaimed = [work_id for work_id in survey.free if work_id not in mine]
+        free = [work_id for work_id in unclaimed if work_id not in done]
         uncovered = len(self.work_ids) - sum(goal.values())
         held = len(staying)
         take: tuple[str, ...] = ()
@@ -267,8 +270,12 @@ class Balancer:
                 for member in members
                 if member.holder_id != self.holder_id
             )
-            wanted = min(held - target, lacking - len(free), self.max_moves)
-            if self._surplus_seen >= _SHED_CONFIRMATIONS and wanted > 0:
+            # What the others lack beyond the free work IDs (ours retired or given up
+            # included: others may take those).
+            wanted = min(held - target, lacking - len(unclaimed), self.max_moves)
+            if wanted <= 0:
+                self._surplus_seen = 0  # nobody to hand to: a later sighting starts afresh
+            elif self._surplus_seen >= _SHED_CONFIRMATIONS:
                 ranked = sorted(staying, key=self._order.__getitem__)
                 shed = tuple(ranked[:wanted])
         else:

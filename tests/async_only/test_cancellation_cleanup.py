@@ -16,6 +16,7 @@ from worklease import (
     ExitMode,
     Token,
 )
+from worklease._acompat import acleanup
 from worklease.testing import FakeClock
 
 BOUND = 10.0
@@ -106,3 +107,24 @@ async def test_leader_cancellation_is_not_swallowed_by_a_fenced_release() -> Non
     assert task.cancelled()  # not turned into FencedError, not another election
     assert backend.count("release") == 1
     assert backend.count("acquire") == 1
+
+
+async def test_cleanup_timeout_ends_the_wait_even_if_the_writes_are_slow_to_cancel() -> None:
+    """At the deadline acleanup raises TimeoutError at once; writes that take their time to
+    wind down after the cancellation (a driver cancelling a query) are left to it."""
+    wound_down = asyncio.Event()
+
+    async def stubborn() -> None:
+        try:
+            await asyncio.sleep(30)
+        except asyncio.CancelledError:
+            await asyncio.sleep(2.0)  # slow to cancel
+            wound_down.set()
+            raise
+
+    start = asyncio.get_running_loop().time()
+    with pytest.raises(TimeoutError):
+        await acleanup(0.1, stubborn)
+    assert asyncio.get_running_loop().time() - start < 1.5
+    assert not wound_down.is_set()
+    await asyncio.wait_for(wound_down.wait(), 5)  # it did wind down in the background

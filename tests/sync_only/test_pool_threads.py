@@ -9,6 +9,7 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
+import worklease
 from worklease import (
     Checkpoint,
     ExitMode,
@@ -201,3 +202,39 @@ def test_leader_stop_from_another_thread(backend: MemoryBackend) -> None:
     assert terms == [runner.thread.name]  # callbacks and fn run in the electing thread
     ((exit_mode,),) = [(r.exit_mode,) for r in backend.rows()]
     assert exit_mode is ExitMode.FINISHED
+
+
+def test_a_slow_thread_does_not_hold_back_the_others_releases(backend: MemoryBackend) -> None:
+    """stop(): two work functions stop at once (they look at raise_if_lost()), one keeps
+    running for a while; the two are released ABANDONED right away, not when the slow one
+    ends (their renewals stopped with their slots: waiting would let them lapse)."""
+    lease = Lease(backend, holder_id="pool-a", ttl=TTL)
+    release_slow = threading.Event()
+
+    def work(token: Token, prior: Checkpoint) -> bytes | None:
+        renewal = worklease.current_renewal()
+        assert renewal is not None
+        if token.work_id == "slow":
+            release_slow.wait(BOUND)  # does not look at raise_if_lost()
+            return b"slow done"
+        while True:
+            renewal.raise_if_lost()  # LeaseShedError once the pool stops
+            time.sleep(0.01)
+
+    pool = Pool(lease, ["quick-1", "quick-2", "slow"], work, rerun_interval=LONG)
+    runner = Background(pool.run)
+    until(lambda: len(pool.active_slots()) == 3, "all three running")
+    pool.stop()
+
+    def released(work_id: str) -> bool:
+        rows = {r.work_id: r for r in backend.rows()}
+        return rows[work_id].exit_mode is ExitMode.ABANDONED
+
+    until(lambda: released("quick-1") and released("quick-2"), "the quick ones released")
+    assert not released("slow")
+    assert not runner.returned
+    release_slow.set()
+    runner.join(BOUND)
+    assert runner.returned
+    rows = {r.work_id: r for r in backend.rows()}
+    assert (rows["slow"].exit_mode, rows["slow"].checkpoint) == (ExitMode.ABANDONED, b"slow done")

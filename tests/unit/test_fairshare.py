@@ -192,3 +192,34 @@ def test_a_previous_run_under_the_same_name_does_not_count_as_held() -> None:
     assert plan.members == 1
     assert plan.held == 0
     assert set(plan.take) == set(IDS[5:])
+
+
+def test_surplus_with_nobody_to_take_it_resets_the_confirmation() -> None:
+    """Over target (6 of 10, target 5) while the newcomer lacks only what is free: nothing
+    is shed and the confirmation starts afresh, so a later real lack needs two scans again."""
+    balancer = Balancer(IDS, "me")
+    free = IDS[6:]  # 4 free
+    lacking = balancer.plan(survey(free, {}, {"new": None}), mine=IDS[:6])
+    assert lacking.shed == ()  # seen once: the newcomer lacks 5, 4 are free
+    covered = balancer.plan(survey(free, {"new": 1}, {"new": None}), mine=IDS[:6])
+    assert covered.shed == ()  # the newcomer lacks 4: the free ones cover it
+    again = balancer.plan(survey(free, {}, {"new": None}), mine=IDS[:6])
+    assert again.shed == ()  # without the reset this would be the second sighting
+    assert len(balancer.plan(survey(free, {}, {"new": None}), mine=IDS[:6]).shed) == 1
+
+
+def test_ranks_of_members_that_left_are_forgotten() -> None:
+    balancer = Balancer(IDS, "me")
+    balancer.plan(survey(IDS, {}, {"a": None, "b": None}), mine=())
+    assert set(balancer._others) == {"a", "b"}
+    balancer.plan(survey(IDS, {}, {"b": None}), mine=())
+    assert set(balancer._others) == {"b"}
+
+
+def test_own_retired_work_ids_count_as_free_for_the_others() -> None:
+    """A work ID this member retired is free for the others: it is not shed for."""
+    balancer = Balancer(IDS, "me")
+    view = survey(("w09",), {}, {"new": None})  # the newcomer lacks 5; w09 (ours, done) free
+    for _ in range(2):
+        plan = balancer.plan(view, mine=IDS[:9], done=("w09",))
+    assert len(plan.shed) == 4  # held 9, target 5, lacking 5 - 1 free

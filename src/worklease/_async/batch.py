@@ -9,7 +9,7 @@ outcome (and its own observer event).
 
 from __future__ import annotations
 
-from .._acompat import ABATCH_LINGER, AEvent, ThreadLock, asleep, aspawn
+from .._acompat import ABATCH_LINGER, AEvent, AWorker, ThreadLock, asleep, aspawn
 from .._models import ExitMode, Token
 from .._types import AsyncReleaser
 from .lease import AsyncLease
@@ -36,6 +36,7 @@ class AsyncReleaseBatch:
         self._lock = ThreadLock()
         self._burst: _Burst | None = None
         self._draining = False
+        self._worker: AWorker | None = None
 
     @property
     def release(self) -> AsyncReleaser:
@@ -55,7 +56,14 @@ class AsyncReleaseBatch:
         if start:
             # Its own worker: a caller given up on (a cleanup timeout) never strands the
             # releases queued behind it.
-            aspawn(self._drain, name="worklease-releases")
+            try:
+                self._worker = aspawn(self._drain, name="worklease-releases")
+            except BaseException:
+                with self._lock:
+                    self._draining = False
+                    if self._burst is burst:
+                        self._burst = None
+                raise
         await burst.done.wait()
         error = burst.outcomes[index]
         if error is not None:

@@ -124,16 +124,17 @@ class AsyncRenewal:
             token=token,
         )
 
-    def _request_shed(self, reason: str) -> None:
+    def _request_shed(self, reason: str, *, cancel: bool = True) -> None:
         """Tell the block to stop because its pool hands the work ID back (``reason``:
-        another member takes it over, or the pool stops). asyncio: the block is cancelled,
-        as a loss would cancel it; threads: ``raise_if_lost()`` raises. The lease stays
-        renewed until it is released."""
+        another member takes it over, or the pool stops). asyncio: the block is cancelled
+        (unless ``cancel`` is false: the block itself asks), as a loss would cancel it;
+        threads: ``raise_if_lost()`` raises. The lease stays renewed until it is released."""
         if self._shed or self._schedule.stopped:
             return
         self._shed_reason = reason
         self._shed = True
-        self._canceller.cancel()
+        if cancel:
+            self._canceller.cancel()
 
     def stop(self) -> None:
         """Stop renewing, without waiting for an attempt in flight. Idempotent."""

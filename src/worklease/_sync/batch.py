@@ -12,7 +12,7 @@ outcome (and its own observer event).
 
 from __future__ import annotations
 
-from .._acompat import BATCH_LINGER, Event, ThreadLock, sleep, spawn
+from .._acompat import BATCH_LINGER, Event, ThreadLock, Worker, sleep, spawn
 from .._models import ExitMode, Token
 from .._types import Releaser
 from .lease import Lease
@@ -39,6 +39,7 @@ class ReleaseBatch:
         self._lock = ThreadLock()
         self._burst: _Burst | None = None
         self._draining = False
+        self._worker: Worker | None = None
 
     @property
     def release(self) -> Releaser:
@@ -58,7 +59,14 @@ class ReleaseBatch:
         if start:
             # Its own worker: a caller given up on (a cleanup timeout) never strands the
             # releases queued behind it.
-            spawn(self._drain, name="worklease-releases")
+            try:
+                self._worker = spawn(self._drain, name="worklease-releases")
+            except BaseException:
+                with self._lock:
+                    self._draining = False
+                    if self._burst is burst:
+                        self._burst = None
+                raise
         burst.done.wait()
         error = burst.outcomes[index]
         if error is not None:

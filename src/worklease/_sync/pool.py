@@ -46,7 +46,7 @@ from .._pacing import is_permanent, jittered
 from .._report import scan_report
 from .._types import WorkFn
 from .._validation import check_flag
-from .._window import Backoff
+from .._window import Backoff, monotonic
 from ..errors import (
     AllSlotsDeadError,
     FencedError,
@@ -77,6 +77,9 @@ from .watch import ReleaseHub, ReleaseWatch
 __all__ = ["Pool"]
 
 logger = logging.getLogger("worklease")
+
+_FLUSH_EVERY = 0.05
+"""While a pool stops, how often the final releases its slots left to it are sent."""
 
 
 class Pool:
@@ -121,15 +124,16 @@ class Pool:
     thread each). ``run()`` returns when stopped or when every work ID retired or died,
     raising ``AllSlotsDeadError`` if all of them failed permanently.
 
-    With asyncio, cancelling ``run()`` or calling ``stop()`` ends the pool gracefully: every
-    slot running its work function is cancelled and releases ABANDONED keeping its last
-    checkpoint (bounded by ``cleanup_timeout``) before ``run`` returns. A thread cannot be
-    interrupted: with threads, ``stop()`` wakes waiting slots at once, and a
-    running work function finishes first, its slot then releasing as usual (FINISHED with the
-    state it returned, ABANDONED if it raised); work functions may poll ``pool.stopping`` to end
-    early. On ``KeyboardInterrupt`` the sync ``run()`` stops the pool, waits up to
-    ``cleanup_timeout`` + 1 s for the slots, and re-raises; a work function still running then
-    is left in its daemon thread and its lease lapses (EXPIRED). ``active_slots()`` lists the
+    ``stop()`` (with asyncio, also cancelling ``run()``) ends the pool gracefully, the same
+    way in both flavours: the pool leaves its group, and every running work function is told
+    to stop (asyncio: cancelled; threads: ``raise_if_lost()`` raises ``LeaseShedError`` and
+    ``stopping`` turns true; a thread cannot be interrupted, so one that does not look
+    finishes first); each slot then releases ABANDONED, keeping the state its work function
+    returned or its last checkpoint, within ``cleanup_timeout``, before ``run`` returns; the
+    releases go out together (``release_many``). On ``KeyboardInterrupt`` the sync ``run()``
+    stops the pool, waits up to ``cleanup_timeout`` + 1 s for the slots, and re-raises; a
+    work function still running then is left in its daemon thread and its lease lapses
+    (EXPIRED). ``active_slots()`` lists the
     work IDs whose work function is running. A stopped pool cannot run again.
     """
 
@@ -184,8 +188,12 @@ class Pool:
         self._uncovered = 0
         self._deferred: list[tuple[Token, ExitMode]] = []
         """Final releases of slots that ended while the pool stops: sent together by run()."""
+        self._deferring = False
+        """Whether run() still sends deferred releases (false once it sent the last ones)."""
         self._leaving = Event()
-        """Set when the pool's run ends: the membership lease is given up."""
+        """Set when the pool stops or its run ends: the membership lease is given up."""
+        self._joined = Event()
+        """Set once the membership worker tried to join (the first scan waits for it)."""
         self._lock = ThreadLock()
         self._active: set[str] = set()
         self._dead = 0
@@ -223,6 +231,7 @@ class Pool:
     def stop(self) -> None:
         """End the pool gracefully (see the class documentation). Idempotent."""
         self._stop.set()
+        self._leaving.set()  # leave the group first: the others recount without us at once
         watch = self._watch
         if watch is not None:
             watch.close()  # ends the scan's wait at once
@@ -249,6 +258,7 @@ class Pool:
             self._claimed = set()
             self._unstarted = {}
             self._deferred = []
+            self._deferring = True
             self._shedding = set()
         runner = Runner._with_options(
             self._lease, self._adapter, self._options, self._releases.release, self._defer
@@ -260,24 +270,24 @@ class Pool:
                 "free instead of its fair share"
             )
         self._leaving = Event()
+        self._joined = Event()
         membership: Worker | None = None
         try:
             try:
                 if balancing:  # joined before the first scan: the others count us at once
-                    joined = self._join()
-                    membership = spawn(self._membership, joined, name="worklease-pool-member")
+                    membership = spawn(self._membership, name="worklease-pool-member")
+                    self._joined.wait(self._pacing.idle_interval)
                 self._scan_loop(runner, balancing)
-                join_all(self._live_workers())
+                self._join_slots(None)
             except BaseException:
                 self.stop()  # graceful: running slots release before we leave
-                join_all(self._live_workers(), self._options.cleanup_timeout + 1.0)
+                self._join_slots(self._options.cleanup_timeout + 1.0)
                 raise
             finally:
                 self._release_unstarted()
         finally:
-            self._leaving.set()
+            self._leaving.set()  # the membership worker forgets the lease and ends
             if membership is not None:
-                cancel_worker(membership)
                 join_all([membership], self._options.cleanup_timeout + 1.0)
             with self._lock:
                 self._workers = {}
@@ -290,6 +300,19 @@ class Pool:
     def _live_workers(self) -> list[Worker]:
         with self._lock:
             return list(self._workers.values())
+
+    def _join_slots(self, timeout: float | None) -> None:
+        """Wait for the slots to end (at most ``timeout`` seconds), sending the final
+        releases they leave to the pool every few milliseconds meanwhile: one slow work
+        function (a thread that does not look at ``raise_if_lost()``) never holds back the
+        releases of the others."""
+        deadline = None if timeout is None else monotonic() + timeout
+        while True:
+            step = _FLUSH_EVERY if deadline is None else min(_FLUSH_EVERY, deadline - monotonic())
+            done = join_all(self._live_workers(), max(step, 0.0))
+            self._release_deferred()
+            if done or (deadline is not None and monotonic() >= deadline):
+                return
 
     # -- the scan -----------------------------------------------------------------------------
 
@@ -417,24 +440,26 @@ class Pool:
             return None
         try:
             lease.checkpoint(token, encode_member(self._cap))
-        except Exception as exc:
-            logger.warning("worklease pool %s: joining failed: %s", self._group, exc)
+        except BaseException as exc:
+            if isinstance(exc, Exception):
+                logger.warning("worklease pool %s: joining failed: %s", self._group, exc)
             self._leave(token)
+            if not isinstance(exc, Exception):
+                raise
             return None
         return token
 
-    def _membership(self, token: Token | None) -> None:
-        """Keep this pool's membership lease (``token``, when joining already worked) while
-        the pool runs, re-joining after a loss, so the other members count it; forget it
-        when the pool's run ends."""
+    def _membership(self) -> None:
+        """Hold this pool's membership lease while the pool runs (re-joining after a loss), so
+        the other members count it; forget it when the pool stops or its run ends."""
         pause = self._pacing.idle_interval
         leaving = self._leaving
         while not leaving.is_set():
+            token = self._join()
+            self._joined.set()  # the first scan waits for the first attempt
             if token is None:
-                token = self._join()
-                if token is None:
-                    leaving.wait(pause)
-                    continue
+                leaving.wait(pause)
+                continue
             try:
                 with self._lease._renewal(token, self._options.renewal) as renewal:
                     while not leaving.wait(pause):
@@ -447,7 +472,6 @@ class Pool:
             finally:
                 if leaving.is_set():
                     self._leave(token)
-            token = None
 
     def _leave(self, token: Token) -> None:
         try:
@@ -482,7 +506,9 @@ class Pool:
         try:
             if shed and isinstance(renewal, Renewal):
                 reason = "the pool is stopping" if self._stop.is_set() else "handed over"
-                renewal._request_shed(reason)
+                # No cancellation of our own task: raising here is enough (and a pending
+                # cancel request would outlive uncancel() before Python 3.13).
+                renewal._request_shed(reason, cancel=False)
                 renewal.raise_if_lost()  # handed back before the work started
             result: bytes | None = call(self._work, token, prior)
             return result
@@ -565,22 +591,32 @@ class Pool:
                 self._pause(delay)
 
     def _defer(self, token: Token, mode: ExitMode) -> bool:
-        """A slot's plain final release while the pool stops: kept for one release of all
-        of them when run ends (cheaper than a batch per slot for thousands of work IDs)."""
+        """A slot's plain final release while the pool stops: kept for one release of many
+        together (cheaper than a batch per slot for thousands of work IDs)."""
         with self._lock:
-            if not self._stop.is_set():
+            if not (self._stop.is_set() and self._deferring):
                 return False
             self._deferred.append((token, mode))
             return True
 
+    def _release_deferred(self) -> None:
+        with self._lock:
+            pending, self._deferred = self._deferred, []
+        self._hand_back(pending)
+
     def _release_unstarted(self) -> None:
-        """Hand back, within ``cleanup_timeout``, the grants no slot started (the pool stopped
-        first: ABANDONED like any work the pool stops) and the final releases slots left to
-        the pool as it stopped."""
+        """Hand back the grants no slot started (the pool stopped first: ABANDONED like any
+        work the pool stops) and the last final releases slots left to the pool; slots that
+        end later release by themselves."""
         with self._lock:
             tokens, self._unstarted = list(self._unstarted.values()), {}
             pending, self._deferred = self._deferred, []
-        pending += [(token, ExitMode.ABANDONED) for token in tokens]
+            self._deferring = False
+        self._hand_back(pending + [(token, ExitMode.ABANDONED) for token in tokens])
+
+    def _hand_back(self, pending: list[tuple[Token, ExitMode]]) -> None:
+        """Release ``pending`` together within ``cleanup_timeout`` (a lease taken over or
+        lapsed meanwhile has nothing to hand back); what fails lapses after its TTL."""
         if not pending:
             return
         try:
@@ -594,12 +630,19 @@ class Pool:
             )
 
     def _release_all(self, pending: list[tuple[Token, ExitMode]]) -> None:
+        failure: Exception | None = None
         for mode in dict.fromkeys(mode for _, mode in pending):
             tokens = [token for token, item_mode in pending if item_mode is mode]
-            outcomes = self._lease._release_together(tokens, mode)
-            for outcome in outcomes:  # taken over or lapsed meanwhile: nothing to hand back
+            try:
+                outcomes = self._lease._release_together(tokens, mode)
+            except Exception as exc:
+                failure = failure or exc
+                continue
+            for outcome in outcomes:
                 if outcome is not None and not isinstance(outcome, LeaseLostError):
-                    raise outcome
+                    failure = failure or outcome
+        if failure is not None:
+            raise failure
 
     def _pause(self, seconds: float) -> None:
         self._stop.wait(seconds)
