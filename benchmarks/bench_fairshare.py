@@ -344,10 +344,12 @@ def render(report: dict[str, Any], cfg: Config) -> str:
             return str(alone.get("note", "not measured"))
         stopped = alone.get("stopped_s")
         tail = "" if stopped is None else f" (pool stopped and backend closed: {stopped:.2f} s)"
-        return (
-            f"all released {alone['seconds']:.2f} s after SIGTERM{tail}; "
-            f"{alone['released']:,} released, {alone['left']:,} not"
-        )
+        if alone["left"]:
+            return (
+                f"not all released {alone['seconds']:.0f} s after SIGTERM{tail}: "
+                f"{alone['released']:,} released, {alone['left']:,} left to lapse"
+            )
+        return f"all {alone['released']:,} released {alone['seconds']:.2f} s after SIGTERM{tail}"
 
     def sigterm_ok(side: dict[str, Any]) -> bool | None:
         alone = side.get("sigterm") or {}
@@ -462,12 +464,14 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--window", type=float, default=10.0)
     parser.add_argument("--output", type=Path, default=RESULTS)
     parser.add_argument("--skip-scan", action="store_true", help="measure fair share only")
+    parser.add_argument(
+        "--render", action="store_true", help="redraw fairshare.md/.png from fairshare.json"
+    )
     return parser.parse_args(argv)
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    args = parse_args(argv)
-    cfg = Config(
+def config(args: argparse.Namespace) -> Config:
+    return Config(
         work_ids=args.work_ids,
         processes=args.processes,
         ttl=args.ttl,
@@ -480,6 +484,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         sample_interval=0.25,
         tail=0.0,
     )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    cfg = config(args)
+    if args.render:  # only redraw the table and chart from a saved report
+        saved = json.loads((args.output / "fairshare.json").read_text(encoding="utf-8"))
+        (args.output / "fairshare.md").write_text(render(saved, cfg), encoding="utf-8")
+        render_chart(saved, args.output / "fairshare.png")
+        return 0
     started = time.monotonic()
     report: dict[str, Any] = {"environment": environment(args.dsn), "sides": {}}
     repo_src = Path(__file__).resolve().parents[1] / "src"
