@@ -14,9 +14,11 @@ import glob
 import os
 import pwd
 import shutil
+import signal
 import socket
 import subprocess
 import tempfile
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -145,6 +147,47 @@ class ThrowawayCluster:
             "60",
             "start",
         )
+
+    def start_as_standby(self, primary: ThrowawayCluster) -> str:
+        """Start as a streaming (asynchronous) standby of ``primary``: a base backup of it,
+        with ``standby.signal`` and ``primary_conninfo`` written by ``pg_basebackup -R``."""
+        self._run(
+            str(self.bindir / "pg_basebackup"),
+            "-D",
+            str(self.data),
+            "-h",
+            "127.0.0.1",
+            "-p",
+            str(primary.port),
+            "-U",
+            "postgres",
+            "-R",
+            "-X",
+            "stream",
+            "--no-sync",
+        )
+        self.server_start()
+        return self.dsn
+
+    def promote(self) -> None:
+        """End recovery: the standby becomes a primary on a new WAL timeline."""
+        self._run(str(self.bindir / "pg_ctl"), "-D", str(self.data), "-w", "-t", "60", "promote")
+
+    def kill(self) -> None:
+        """SIGKILL the postmaster (a crash: nothing is flushed or handed over)."""
+        pid = int((self.data / "postmaster.pid").read_text().split()[0])
+        os.kill(pid, signal.SIGKILL)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            try:
+                os.kill(pid, 0)
+            except ProcessLookupError:
+                break
+            time.sleep(0.05)
+        # Orphaned backends of a killed postmaster exit by themselves; remove the pid file so
+        # the data directory is not taken for a running server.
+        with contextlib.suppress(FileNotFoundError):
+            (self.data / "postmaster.pid").unlink()
 
     def stop(self) -> None:
         with contextlib.suppress(Exception):

@@ -59,6 +59,19 @@ RELEASE_CHANNEL = "worklease_release"
 SEQUENCE = "worklease_fencing_seq"
 _PIN = "SET TRANSACTION ISOLATION LEVEL READ COMMITTED; "
 _BOUND = "SELECT set_config('statement_timeout', %(statement_timeout)s, true); "
+
+TOKEN_TIMELINE_SHIFT = 40
+"""Fencing tokens are ``timeline << 40`` plus a sequence value (see ADR-0008)."""
+
+_TOKEN = (
+    "((('x' || left(pg_walfile_name(pg_current_wal_lsn()), 8))::bit(32)::bigint << "
+    + str(TOKEN_TIMELINE_SHIFT)
+    + ") + nextval({sequence}))"
+)
+"""A new fencing token: the server's WAL timeline in the high bits (every promotion starts a
+higher timeline, so a promoted standby whose sequence lags still issues greater tokens than
+any the old primary issued), the sequence in the low 40 bits. An acquire never issues less
+than the row's token + 1 either (a restore into a new cluster restarts the timeline)."""
 """Bounds the statements after it (in the same implicit transaction) server-side."""
 _MISSING_SCHEMA_HINT = (
     "the worklease schema is missing ({detail}); create it with "
@@ -134,18 +147,20 @@ class Statements:
     def __init__(self, schema: str | None) -> None:
         self.schema = check_schema_name(schema)
         table = sql.Identifier(self.schema, TABLE) if self.schema else sql.Identifier(TABLE)
+        sequence = sql.Identifier(self.schema, SEQUENCE).as_string() if self.schema else SEQUENCE
+        token = sql.SQL(_TOKEN).format(sequence=sql.Literal(sequence))
         pin = sql.SQL(_PIN)
 
         def build(text: str) -> bytes:
             # Rendered once: composing on every call costs more than a cheap read itself.
-            return (pin + sql.SQL(text).format(table=table)).as_bytes(None)
+            return (pin + sql.SQL(text).format(table=table, token=token)).as_bytes(None)
 
         owned = "work_id = %(work_id)s AND holder_id = %(holder_id)s AND fencing_token = %(token)s"
         # How an acquire takes over an expired or released row: one text for the single and
         # the batched acquire, so they cannot drift apart.
         takeover = """ON CONFLICT (work_id) DO UPDATE SET
         holder_id = EXCLUDED.holder_id,
-        fencing_token = EXCLUDED.fencing_token,
+        fencing_token = GREATEST(EXCLUDED.fencing_token, l.fencing_token + 1),
         expires_at = EXCLUDED.expires_at,
         exit_mode = NULL,
         prev_exit_mode = COALESCE(l.exit_mode, 'expired'),
@@ -154,8 +169,8 @@ class Statements:
     WHERE l.expires_at < now()"""
         acquire = (
             """WITH granted AS (
-    INSERT INTO {{table}} AS l (work_id, holder_id, expires_at)
-    VALUES (%(work_id)s, %(holder_id)s, now() + %(ttl)s)
+    INSERT INTO {{table}} AS l (work_id, holder_id, expires_at, fencing_token)
+    VALUES (%(work_id)s, %(holder_id)s, now() + %(ttl)s, {{token}})
     """
             + takeover
             + """
@@ -195,8 +210,8 @@ ORDER BY w.n"""
         # acquire_reading for many work IDs, with the single acquire's takeover.
         self.acquire_many = build(
             """WITH granted AS (
-    INSERT INTO {table} AS l (work_id, holder_id, expires_at)
-    SELECT w.work_id, %(holder_id)s, now() + %(ttl)s
+    INSERT INTO {table} AS l (work_id, holder_id, expires_at, fencing_token)
+    SELECT w.work_id, %(holder_id)s, now() + %(ttl)s, {token}
     FROM unnest(%(work_ids)s::text[]) AS w(work_id)
     ORDER BY w.work_id
     """

@@ -38,6 +38,7 @@ from worklease import (
     LeaseWindowExhaustedError,
     Token,
 )
+from worklease._pg import TOKEN_TIMELINE_SHIFT
 from worklease.observers import ReadCheckpointEvent
 from worklease.testing import RecordingObserver
 
@@ -756,3 +757,27 @@ async def test_concurrent_renew_many_no_deadlock(
 
         results = await aspawn_all(renew, 3)
     assert results[:2] == [[None] * 200, [None] * 200], results
+
+
+async def test_tokens_carry_the_timeline_and_never_go_back(
+    backend: AsyncPostgresBackend, postgres_dsn: str
+) -> None:
+    """ADR-0008: a token is the server's WAL timeline shifted by 40 bits plus the sequence;
+    a sequence that went back (a restore into a new cluster) still yields a greater token
+    for an existing row, as does a row written with an old bare-sequence token."""
+    name = pg.execute(postgres_dsn, "SELECT pg_walfile_name(pg_current_wal_lsn())")[0][0]
+    timeline = int(str(name)[:8], 16)
+    lease = AsyncLease(backend, holder_id="h", ttl=TTL)
+    first = await lease.acquire("timeline")
+    assert first.fencing_token >> TOKEN_TIMELINE_SHIFT == timeline
+    await lease.release(first, ExitMode.FINISHED)
+    pg.execute(postgres_dsn, "ALTER SEQUENCE worklease_fencing_seq RESTART WITH 1")
+    second = await lease.acquire("timeline")
+    assert second.fencing_token > first.fencing_token
+    pg.execute(
+        postgres_dsn,
+        "INSERT INTO worklease_leases (work_id, holder_id, fencing_token, expires_at)"
+        " VALUES ('legacy', 'old', 5, now() - interval '1 second')",
+    )
+    upgraded = await lease.acquire("legacy")
+    assert upgraded.fencing_token > 5

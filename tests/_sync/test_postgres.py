@@ -41,6 +41,7 @@ from worklease import (
     Token,
     Vacuum,
 )
+from worklease._pg import TOKEN_TIMELINE_SHIFT
 from worklease.observers import ReadCheckpointEvent
 from worklease.testing import RecordingObserver
 
@@ -747,3 +748,27 @@ def test_concurrent_renew_many_no_deadlock(pool: ConnectionPool[Any], postgres_d
 
         results = spawn_all(renew, 3)
     assert results[:2] == [[None] * 200, [None] * 200], results
+
+
+def test_tokens_carry_the_timeline_and_never_go_back(
+    backend: PostgresBackend, postgres_dsn: str
+) -> None:
+    """ADR-0008: a token is the server's WAL timeline shifted by 40 bits plus the sequence;
+    a sequence that went back (a restore into a new cluster) still yields a greater token
+    for an existing row, as does a row written with an old bare-sequence token."""
+    name = pg.execute(postgres_dsn, "SELECT pg_walfile_name(pg_current_wal_lsn())")[0][0]
+    timeline = int(str(name)[:8], 16)
+    lease = Lease(backend, holder_id="h", ttl=TTL)
+    first = lease.acquire("timeline")
+    assert first.fencing_token >> TOKEN_TIMELINE_SHIFT == timeline
+    lease.release(first, ExitMode.FINISHED)
+    pg.execute(postgres_dsn, "ALTER SEQUENCE worklease_fencing_seq RESTART WITH 1")
+    second = lease.acquire("timeline")
+    assert second.fencing_token > first.fencing_token
+    pg.execute(
+        postgres_dsn,
+        "INSERT INTO worklease_leases (work_id, holder_id, fencing_token, expires_at)"
+        " VALUES ('legacy', 'old', 5, now() - interval '1 second')",
+    )
+    upgraded = lease.acquire("legacy")
+    assert upgraded.fencing_token > 5
