@@ -194,9 +194,7 @@ WHERE work_id = %(work_id)s AND NOT EXISTS (SELECT 1 FROM granted)"""
         )
         self.acquire = build(plain)
         self.acquire_reading = build(reading)
-        # Variants bounded by a statement timeout, for an acquire with a deadline.
-        self._acquire_bounded = build(_BOUND + plain)
-        self._acquire_reading_bounded = build(_BOUND + reading)
+        self._bounded: dict[bytes, bytes] = {}
         # Batch statements: rows are locked in work_id order, so concurrent batches over
         # overlapping work IDs (from any number of processes) cannot deadlock; results come
         # back in input order (the ordinality of the input array).
@@ -396,12 +394,19 @@ ORDER BY work_id"""
 
     # -- results ------------------------------------------------------------------------------
 
-    def acquire_statement(self, *, reading: bool, bounded: bool) -> bytes:
-        """The acquire statement: returning the checkpoint too (``reading``), and bounded by
-        a ``statement_timeout`` parameter (``bounded``)."""
-        if reading:
-            return self._acquire_reading_bounded if bounded else self.acquire_reading
-        return self._acquire_bounded if bounded else self.acquire
+    def acquire_statement(self, *, reading: bool) -> bytes:
+        """The acquire statement, returning the checkpoint too with ``reading``."""
+        return self.acquire_reading if reading else self.acquire
+
+    def bounded(self, statement: bytes) -> bytes:
+        """``statement`` bounded server-side by a ``statement_timeout`` parameter (a call
+        with a deadline: a waiting acquire's timeout, a write inside a lease window)."""
+        found = self._bounded.get(statement)
+        if found is None:
+            pin = _PIN.encode()
+            assert statement.startswith(pin)
+            found = self._bounded[statement] = pin + _BOUND.encode() + statement[len(pin) :]
+        return found
 
     @staticmethod
     def acquired(rows: Rows, work_id: str, holder_id: str, *, reading: bool) -> Grant:
@@ -593,8 +598,12 @@ def _utc(value: datetime) -> datetime:
 
 _TRANSIENT = (
     psycopg.OperationalError,  # connection loss, restarts, AdminShutdown, QueryCanceled,
-    # serialization failures and deadlocks (TransactionRollback), PoolTimeout
+    # serialization failures and deadlocks (TransactionRollback), PoolTimeout, and "recovery
+    # is in progress" (ObjectNotInPrerequisiteState) on a standby
     psycopg.InterfaceError,  # the connection was closed under us
+    # Connected to a server that is (or just became) a standby, as during a failover: the
+    # connection must go so the pool reconnects, to the new primary with a multi-host DSN.
+    pg_errors.ReadOnlySqlTransaction,
 )
 
 _SCHEMA_ERROR = re.compile(r'worklease_leases" does not exist')

@@ -103,6 +103,14 @@ class TokenSeal:
         if window is not None:
             window.extend(call_start, ttl)
 
+    def deadline(self) -> float | None:
+        """The end of the window of the renewal running on this token (monotonic), or
+        ``None`` without one: a write through the lease must not outlive it."""
+        window = self.window
+        if window is None or window.stopped:
+            return None
+        return window.end
+
     def attach(self, window: LeaseWindow, stop: Callable[[], object]) -> None:
         self.window = window
         self.stop_renewal = stop

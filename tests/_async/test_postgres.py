@@ -10,6 +10,7 @@ import dataclasses
 import random
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime
+from time import monotonic
 from typing import Any
 
 import psycopg
@@ -781,3 +782,43 @@ async def test_tokens_carry_the_timeline_and_never_go_back(
     )
     upgraded = await lease.acquire("legacy")
     assert upgraded.fencing_token > 5
+
+
+async def test_a_write_inside_a_renewal_never_outlives_its_window(
+    backend: AsyncPostgresBackend, postgres_dsn: str
+) -> None:
+    """Another session holds the lease row locked (as a hung synchronous standby or a long
+    transaction would stall a write): a checkpoint inside the renewal ends around the end of
+    the lease window, server-side (statement timeout) in both flavours, instead of waiting
+    for the lock. The blocker lets go after 10 s in any case, so a regression fails on the
+    elapsed time instead of hanging."""
+    ttl = 2.0
+    lease = AsyncLease(backend, holder_id="h", ttl=ttl)
+    token = await lease.acquire("stuck")
+    outcome: dict[str, Any] = {}
+    async with await AsyncConnection.connect(postgres_dsn) as blocker:
+        await blocker.execute("SELECT 1 FROM worklease_leases WHERE work_id = 'stuck' FOR UPDATE")
+
+        async def side(index: int) -> None:
+            if index == 1:  # the blocker lets go after 10 s at the latest
+                for _ in range(1000):
+                    if "elapsed" in outcome:
+                        break
+                    await asleep(0.01)
+                await blocker.rollback()
+                return
+            start = monotonic()
+            try:
+                async with lease.renewal(token, interval=30.0):  # no renewal before the end
+                    try:
+                        await lease.checkpoint(token, b"blocked")
+                    except Exception as exc:
+                        outcome["error"] = exc
+                    outcome["elapsed"] = monotonic() - start
+            except Exception as exc:  # the loss, when the window closed meanwhile
+                outcome["loss"] = exc
+            outcome.setdefault("elapsed", monotonic() - start)
+
+        await aspawn_all(side, 2)
+    assert outcome["elapsed"] < ttl + 1.5, outcome
+    assert "error" in outcome or "loss" in outcome, outcome

@@ -13,6 +13,7 @@ import dataclasses
 import random
 from collections.abc import Iterator
 from datetime import UTC, datetime
+from time import monotonic
 from typing import Any
 
 import psycopg
@@ -772,3 +773,43 @@ def test_tokens_carry_the_timeline_and_never_go_back(
     )
     upgraded = lease.acquire("legacy")
     assert upgraded.fencing_token > 5
+
+
+def test_a_write_inside_a_renewal_never_outlives_its_window(
+    backend: PostgresBackend, postgres_dsn: str
+) -> None:
+    """Another session holds the lease row locked (as a hung synchronous standby or a long
+    transaction would stall a write): a checkpoint inside the renewal ends around the end of
+    the lease window, server-side (statement timeout) in both flavours, instead of waiting
+    for the lock. The blocker lets go after 10 s in any case, so a regression fails on the
+    elapsed time instead of hanging."""
+    ttl = 2.0
+    lease = Lease(backend, holder_id="h", ttl=ttl)
+    token = lease.acquire("stuck")
+    outcome: dict[str, Any] = {}
+    with Connection.connect(postgres_dsn) as blocker:
+        blocker.execute("SELECT 1 FROM worklease_leases WHERE work_id = 'stuck' FOR UPDATE")
+
+        def side(index: int) -> None:
+            if index == 1:  # the blocker lets go after 10 s at the latest
+                for _ in range(1000):
+                    if "elapsed" in outcome:
+                        break
+                    sleep(0.01)
+                blocker.rollback()
+                return
+            start = monotonic()
+            try:
+                with lease.renewal(token, interval=30.0):  # no renewal before the end
+                    try:
+                        lease.checkpoint(token, b"blocked")
+                    except Exception as exc:
+                        outcome["error"] = exc
+                    outcome["elapsed"] = monotonic() - start
+            except Exception as exc:  # the loss, when the window closed meanwhile
+                outcome["loss"] = exc
+            outcome.setdefault("elapsed", monotonic() - start)
+
+        spawn_all(side, 2)
+    assert outcome["elapsed"] < ttl + 1.5, outcome
+    assert "error" in outcome or "loss" in outcome, outcome

@@ -16,7 +16,7 @@ from psycopg import errors as pg_errors
 
 from tests import pg
 from worklease import BackendError, ConfigError, schema_sql
-from worklease._pg import map_error
+from worklease._pg import map_error, must_discard
 
 SHIPPED_SCHEMA = Path(__file__).resolve().parents[2] / "src" / "worklease" / "schema.sql"
 
@@ -33,6 +33,8 @@ MISSING = 'relation "worklease_leases" does not exist'
         pg_errors.DeadlockDetected("deadlock detected"),
         psycopg_pool.PoolTimeout("couldn't get a connection after 30.00 sec"),
         psycopg.InterfaceError("the connection is closed"),
+        pg_errors.ReadOnlySqlTransaction("cannot execute INSERT in a read-only transaction"),
+        pg_errors.ObjectNotInPrerequisiteState("recovery is in progress"),
     ],
     ids=lambda error: type(error).__name__,
 )
@@ -47,6 +49,7 @@ def test_transient_errors(error: psycopg.Error) -> None:
     assert type(error).__name__ in message
     assert str(error) in message
     assert "worklease migrate" not in message
+    assert must_discard(error)  # the connection is not handed back to the pool
 
 
 @pytest.mark.parametrize(

@@ -308,7 +308,9 @@ class AsyncLease:
         """
         data = normalize_state(state)
         seal = self._writable(token)
-        with self._report.checkpoint(token, state_size(state)) as call:
+        # Inside a renewal the write is bounded by its window (server-side on PostgreSQL): a
+        # call stuck on a lock or a hung synchronous standby never outlives the lease.
+        with self._report.checkpoint(token, state_size(state)) as call, bounded_by(seal.deadline()):
             await self._backend.checkpoint(token, data, self._ttl)
             seal.extend(call.start, self._ttl)
 
@@ -334,8 +336,9 @@ class AsyncLease:
         """
         declared = check_exit_mode(mode)
         seal = self._writable(token)
+        deadline = seal.deadline()
         seal.finished()  # the holder gives the lease up: stop renewing it first
-        with self._report.release(token, declared):
+        with self._report.release(token, declared), bounded_by(deadline):
             await self._backend.release(token, declared)
 
     async def forget(self, token: Token) -> None:

@@ -311,7 +311,9 @@ class Lease:
         """
         data = normalize_state(state)
         seal = self._writable(token)
-        with self._report.checkpoint(token, state_size(state)) as call:
+        # Inside a renewal the write is bounded by its window (server-side on PostgreSQL): a
+        # call stuck on a lock or a hung synchronous standby never outlives the lease.
+        with self._report.checkpoint(token, state_size(state)) as call, bounded_by(seal.deadline()):
             self._backend.checkpoint(token, data, self._ttl)
             seal.extend(call.start, self._ttl)
 
@@ -337,8 +339,9 @@ class Lease:
         """
         declared = check_exit_mode(mode)
         seal = self._writable(token)
+        deadline = seal.deadline()
         seal.finished()  # the holder gives the lease up: stop renewing it first
-        with self._report.release(token, declared):
+        with self._report.release(token, declared), bounded_by(deadline):
             self._backend.release(token, declared)
 
     def forget(self, token: Token) -> None:

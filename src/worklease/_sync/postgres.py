@@ -272,11 +272,16 @@ class PostgresBackend:
         if pool is None:
             self.open()
             pool = self._pool
+        left = seconds_left() if deadline_bound else None
+        if left is not None:
+            statement = self._statements.bounded(statement)
+            timeout = max(left, 0.001) if timeout is None else min(timeout, max(left, 0.001))
         try:
             with pool.connection(timeout=timeout) as conn:
-                if deadline_bound:
-                    left = seconds_left()
-                    params["statement_timeout"] = statement_timeout(left or 0.0)
+                if left is not None:
+                    # What is left once the connection is there: a slow checkout never
+                    # leaves the statement more time than its caller.
+                    params["statement_timeout"] = statement_timeout(seconds_left() or 0.0)
                 return run_statement(conn, operation, statement, params)
         except psycopg.Error as exc:
             raise map_error(exc, operation) from exc
@@ -308,15 +313,8 @@ class PostgresBackend:
         }
         # Bounded by the caller's deadline (a waiting acquire's timeout): the server ends a
         # statement stuck on a locked row in time, and it rolls back.
-        left = seconds_left()
-        statement = statements.acquire_statement(reading=reading, bounded=left is not None)
-        rows, _ = self._run(
-            "acquire",
-            statement,
-            params,
-            timeout=None if left is None else max(left, 0.001),
-            deadline_bound=left is not None,
-        )
+        statement = statements.acquire_statement(reading=reading)
+        rows, _ = self._run("acquire", statement, params, deadline_bound=True)
         grant = statements.acquired(rows, work_id, holder_id, reading=reading)
         if self._renewal_statements is None:
             self._learn_schema(grant.schema)  # free: the acquire statement reports it
@@ -382,7 +380,7 @@ class PostgresBackend:
         params = statements.owned(token)
         params["state"] = normalize_state(state)
         params["ttl"] = statements.ttl(backend_ttl(ttl))
-        rows, _ = self._run("checkpoint", statements.checkpoint, params)
+        rows, _ = self._run("checkpoint", statements.checkpoint, params, deadline_bound=True)
         statements.written(rows, token, "checkpoint")
 
     def renew(self, token: Token, ttl: float) -> None:
@@ -419,7 +417,7 @@ class PostgresBackend:
         statements = self._statements
         params = statements.owned(token)
         params["mode"] = str(declared)
-        rows, _ = self._run("release", statements.release, params)
+        rows, _ = self._run("release", statements.release, params, deadline_bound=True)
         statements.written(rows, token, "release")
 
     def release_many(self, tokens: Sequence[Token], mode: ExitMode) -> list[LeaseLostError | None]:
