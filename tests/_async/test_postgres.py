@@ -789,9 +789,10 @@ async def test_a_write_inside_a_renewal_never_outlives_its_window(
 ) -> None:
     """Another session holds the lease row locked (as a hung synchronous standby or a long
     transaction would stall a write): a checkpoint inside the renewal ends around the end of
-    the lease window, server-side (statement timeout) in both flavours, instead of waiting
-    for the lock. The blocker lets go after 10 s in any case, so a regression fails on the
-    elapsed time instead of hanging."""
+    the lease window instead of waiting for the lock: with asyncio the renewal cancels the
+    block, with threads the statement is bounded server-side (statement timeout). The
+    blocker lets go after 10 s in any case, so a regression fails on the elapsed time
+    instead of hanging."""
     ttl = 2.0
     lease = AsyncLease(backend, holder_id="h", ttl=ttl)
     token = await lease.acquire("stuck")
@@ -809,7 +810,7 @@ async def test_a_write_inside_a_renewal_never_outlives_its_window(
                 return
             start = monotonic()
             try:
-                async with lease.renewal(token, interval=30.0):  # no renewal before the end
+                async with lease.renewal(token):  # its renewals block on the lock too
                     try:
                         await lease.checkpoint(token, b"blocked")
                     except Exception as exc:

@@ -39,6 +39,8 @@ from .watch import AsyncReleaseWatch, open_release_watch
 
 __all__ = ["AsyncLease"]
 
+_IS_SYNC = False
+
 _ATTEMPT_FLOOR = 0.05
 """Seconds an acquire attempt may always take, even at the end of a waiting acquire's
 timeout (a last attempt right at the deadline still gets a fair chance)."""
@@ -308,9 +310,11 @@ class AsyncLease:
         """
         data = normalize_state(state)
         seal = self._writable(token)
-        # Inside a renewal the write is bounded by its window (server-side on PostgreSQL): a
-        # call stuck on a lock or a hung synchronous standby never outlives the lease.
-        with self._report.checkpoint(token, state_size(state)) as call, bounded_by(seal.deadline()):
+        # Inside a renewal a thread's write is bounded by the window (server-side on
+        # PostgreSQL): a call stuck on a lock or a hung synchronous standby never outlives
+        # the lease. With asyncio the renewal cancels the block, and the call with it.
+        deadline = seal.deadline() if _IS_SYNC else None
+        with self._report.checkpoint(token, state_size(state)) as call, bounded_by(deadline):
             await self._backend.checkpoint(token, data, self._ttl)
             seal.extend(call.start, self._ttl)
 
@@ -336,7 +340,7 @@ class AsyncLease:
         """
         declared = check_exit_mode(mode)
         seal = self._writable(token)
-        deadline = seal.deadline()
+        deadline = seal.deadline() if _IS_SYNC else None  # see checkpoint
         seal.finished()  # the holder gives the lease up: stop renewing it first
         with self._report.release(token, declared), bounded_by(deadline):
             await self._backend.release(token, declared)

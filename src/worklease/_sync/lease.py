@@ -42,6 +42,8 @@ from .watch import ReleaseWatch, open_release_watch
 
 __all__ = ["Lease"]
 
+_IS_SYNC = True
+
 _ATTEMPT_FLOOR = 0.05
 """Seconds an acquire attempt may always take, even at the end of a waiting acquire's
 timeout (a last attempt right at the deadline still gets a fair chance)."""
@@ -311,9 +313,11 @@ class Lease:
         """
         data = normalize_state(state)
         seal = self._writable(token)
-        # Inside a renewal the write is bounded by its window (server-side on PostgreSQL): a
-        # call stuck on a lock or a hung synchronous standby never outlives the lease.
-        with self._report.checkpoint(token, state_size(state)) as call, bounded_by(seal.deadline()):
+        # Inside a renewal a thread's write is bounded by the window (server-side on
+        # PostgreSQL): a call stuck on a lock or a hung synchronous standby never outlives
+        # the lease. With asyncio the renewal cancels the block, and the call with it.
+        deadline = seal.deadline() if _IS_SYNC else None
+        with self._report.checkpoint(token, state_size(state)) as call, bounded_by(deadline):
             self._backend.checkpoint(token, data, self._ttl)
             seal.extend(call.start, self._ttl)
 
@@ -339,7 +343,7 @@ class Lease:
         """
         declared = check_exit_mode(mode)
         seal = self._writable(token)
-        deadline = seal.deadline()
+        deadline = seal.deadline() if _IS_SYNC else None  # see checkpoint
         seal.finished()  # the holder gives the lease up: stop renewing it first
         with self._report.release(token, declared), bounded_by(deadline):
             self._backend.release(token, declared)
