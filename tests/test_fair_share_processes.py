@@ -15,7 +15,6 @@ import contextlib
 import itertools
 import signal
 import subprocess
-import sys
 import time
 from collections import defaultdict
 from pathlib import Path
@@ -24,7 +23,7 @@ from typing import Any
 import pytest
 
 from tests import pg
-from tests.test_pool_processes import WORKER, Worker, wait_for
+from tests.test_pool_processes import Worker, spawn_worker, wait_for
 
 pytestmark = pytest.mark.postgres
 
@@ -34,32 +33,10 @@ HOLDERS = ("f0", "f1", "f2", "f3")
 
 
 def start(holder: str, dsn: str, tmp_path: Path) -> Worker:
-    stderr_path = tmp_path / f"{holder}.stderr"
-    with stderr_path.open("w") as stderr:
-        proc = subprocess.Popen(
-            [
-                sys.executable,
-                str(WORKER),
-                "--dsn",
-                dsn,
-                "--holder",
-                holder,
-                "--ttl",
-                str(TTL),
-                "--count",
-                str(COUNT),
-                "--idle-interval",
-                "0.2",
-                "--rerun-interval",
-                "0.2",
-            ],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=stderr,
-            text=True,
-        )
-    worker = Worker(holder, proc, stderr_path)
-    worker.start_reader()
+    options = ("--ttl", str(TTL), "--count", str(COUNT))
+    intervals = ("--idle-interval", "0.2", "--rerun-interval", "0.2")
+    worker = spawn_worker(holder, dsn, tmp_path, *options, *intervals)
+    proc = worker.proc
     wait_for(f"{holder} ready", lambda: worker.events("ready") or None, timeout=30)
     assert proc.stdin is not None
     proc.stdin.write("go\n")

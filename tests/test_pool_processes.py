@@ -111,36 +111,30 @@ def checkpoint_number(state: str | None, holder: str) -> int:
     return int(state[len(prefix) :])
 
 
+def spawn_worker(holder: str, dsn: str, tmp_path: Path, *options: str) -> Worker:
+    """Start tests/pool_worker.py as ``holder`` (stderr to a file under ``tmp_path``)."""
+    stderr_path = tmp_path / f"{holder}.stderr"
+    with stderr_path.open("w") as stderr:
+        proc = subprocess.Popen(
+            [sys.executable, str(WORKER), "--dsn", dsn, "--holder", holder, *options],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=stderr,
+            text=True,
+        )
+    worker = Worker(holder, proc, stderr_path)
+    worker.start_reader()
+    return worker
+
+
 @contextlib.contextmanager
 def running_workers(dsn: str, tmp_path: Path) -> Iterator[dict[str, Worker]]:
     workers: dict[str, Worker] = {}
     try:
         for index, holder in enumerate(HOLDERS):
             home = ",".join(WORK_IDS[index * 4 : index * 4 + 4])
-            stderr_path = tmp_path / f"{holder}.stderr"
-            with stderr_path.open("w") as stderr:
-                proc = subprocess.Popen(
-                    [
-                        sys.executable,
-                        str(WORKER),
-                        "--dsn",
-                        dsn,
-                        "--holder",
-                        holder,
-                        "--ttl",
-                        str(TTL),
-                        "--home",
-                        home,
-                        "--grace",
-                        str(GRACE),
-                    ],
-                    stdin=subprocess.PIPE,
-                    stdout=subprocess.PIPE,
-                    stderr=stderr,
-                    text=True,
-                )
-            workers[holder] = Worker(holder, proc, stderr_path)
-            workers[holder].start_reader()
+            options = ("--ttl", str(TTL), "--home", home, "--grace", str(GRACE))
+            workers[holder] = spawn_worker(holder, dsn, tmp_path, *options)
         yield workers
     except BaseException:
         for worker in workers.values():

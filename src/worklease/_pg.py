@@ -223,12 +223,14 @@ FROM granted AS g
 JOIN unnest(%(work_ids)s::text[]) WITH ORDINALITY AS w(work_id, n) ON w.work_id = g.work_id
 ORDER BY w.n"""
         )
-        # renew for many tokens: one (renewed, expired) pair per input token, as renew's.
-        # The locking CTE reads each row's latest version, so a row superseded while waiting
-        # for its lock drops out (fenced), the safe direction.
-        self.renew_many = build(
-            """SELECT set_config('statement_timeout', %(statement_timeout)s, true);
-WITH input AS (
+
+        # Statements changing many owned rows (renew_many, release_many): per input token one
+        # (changed, expired) pair, as the single operation's. Rows are locked in work_id
+        # order; the locking CTE reads each row's latest version, so a row superseded while
+        # waiting for its lock drops out (fenced), the safe direction.
+        def per_token(change: str, also_returning: str = "") -> str:
+            return (
+                """WITH input AS (
     SELECT * FROM unnest(%(work_ids)s::text[], %(holder_ids)s::text[], %(tokens)s::bigint[])
         WITH ORDINALITY AS i(work_id, holder_id, fencing_token, n)
 ), locked AS (
@@ -238,49 +240,41 @@ WITH input AS (
         AND l.fencing_token = i.fencing_token
     ORDER BY l.work_id
     FOR UPDATE OF l
-), renewed AS (
-    UPDATE {table} AS l SET expires_at = now() + %(ttl)s, updated_at = now()
+), changed AS (
+    UPDATE {table} AS l SET """
+                + change
+                + """
     FROM input AS i
     WHERE l.work_id = i.work_id AND l.holder_id = i.holder_id
         AND l.fencing_token = i.fencing_token AND l.expires_at > now()
         AND l.work_id IN (SELECT work_id FROM locked)
-    RETURNING l.work_id
+    RETURNING l.work_id"""
+                + (
+                    ""
+                    if "exit_mode" not in change
+                    else f", pg_notify('{RELEASE_CHANNEL}', l.work_id)"
+                )
+                + """
 )
 SELECT r.work_id IS NOT NULL,
        k.exit_mode IS NOT NULL OR k.expires_at <= now()
 FROM input AS i
 LEFT JOIN locked AS k ON k.work_id = i.work_id
-LEFT JOIN renewed AS r ON r.work_id = i.work_id
+LEFT JOIN changed AS r ON r.work_id = i.work_id
 ORDER BY i.n"""
+            )
+
+        self.renew_many = build(
+            "SELECT set_config('statement_timeout', %(statement_timeout)s, true);\n"
+            + per_token("expires_at = now() + %(ttl)s, updated_at = now()")
         )
-        # release for many tokens, one exit mode: per input token the (released, expired)
-        # pair of release, locking in work_id order like renew_many.
+        # A release wakes the waiters on its work ID (NOTIFY at commit), as release does.
         self.release_many = build(
-            f"""WITH input AS (
-    SELECT * FROM unnest(%(work_ids)s::text[], %(holder_ids)s::text[], %(tokens)s::bigint[])
-        WITH ORDINALITY AS i(work_id, holder_id, fencing_token, n)
-), locked AS (
-    SELECT l.work_id, l.exit_mode, l.expires_at
-    FROM {{table}} AS l
-    JOIN input AS i ON l.work_id = i.work_id AND l.holder_id = i.holder_id
-        AND l.fencing_token = i.fencing_token
-    ORDER BY l.work_id
-    FOR UPDATE OF l
-), released AS (
-    UPDATE {{table}} AS l
-    SET exit_mode = %(mode)s, expires_at = now() - interval '1 millisecond', updated_at = now()
-    FROM input AS i
-    WHERE l.work_id = i.work_id AND l.holder_id = i.holder_id
-        AND l.fencing_token = i.fencing_token AND l.expires_at > now()
-        AND l.work_id IN (SELECT work_id FROM locked)
-    RETURNING l.work_id, pg_notify('{RELEASE_CHANNEL}', l.work_id)
-)
-SELECT r.work_id IS NOT NULL,
-       k.exit_mode IS NOT NULL OR k.expires_at <= now()
-FROM input AS i
-LEFT JOIN locked AS k ON k.work_id = i.work_id
-LEFT JOIN released AS r ON r.work_id = i.work_id
-ORDER BY i.n"""
+            per_token(
+                "exit_mode = %(mode)s, expires_at = now() - interval '1 millisecond', "
+                "updated_at = now()",
+                f", pg_notify('{RELEASE_CHANNEL}', l.work_id)",
+            )
         )
         # A pool's view of its group in one read: the free work IDs (input order), how many
         # each holder holds, and the live memberships with their checkpoints. Few rows once
