@@ -44,7 +44,16 @@ def faults(session: nox.Session) -> None:
     """The fault-injection and model-based tests in their long variants."""
     session.install("-e", ".[test]")
     session.env["WORKLEASE_FAULTS_LONG"] = "1"
-    session.run("python", "-m", "pytest", "tests/faults", "-m", "faults", *session.posargs)
+    session.run(
+        "python",
+        "-m",
+        "pytest",
+        "tests/faults",
+        "-m",
+        "faults",
+        "--timeout=3600",
+        *session.posargs,
+    )
 
 
 @nox.session(python=PYTHONS)

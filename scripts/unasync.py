@@ -103,6 +103,8 @@ REPLACEMENTS: dict[str, str] = {
     "acancel_worker": "cancel_worker",
     "ajoin_all": "join_all",
     "AHostCanceller": "HostCanceller",
+    "ACancelGuard": "CancelGuard",
+    "acheck_postgres": "check_postgres",
     "abounded": "bounded",
     "awithin": "within",
     "wait_timeout": "wait",

@@ -37,6 +37,35 @@ def postgres_dsn(postgres_server: str) -> Iterator[str]:
         yield dsn
 
 
+@pytest.fixture(scope="session")
+def pgbouncer(postgres_server: str) -> Iterator[pg.PgBouncer]:
+    """A PgBouncer in transaction mode (its other settings PgBouncer's defaults) in front of
+    the test server, for this run."""
+    try:
+        bouncer = pg.PgBouncer(postgres_server, pool_mode="transaction")
+        bouncer.start()
+    except pg.Unavailable as exc:
+        reason = f"PgBouncer unavailable, PgBouncer tests skipped: {exc}"
+        if _IN_CI:
+            pytest.fail(f"CI=true: {reason}", pytrace=False)
+        pytest.skip(reason)
+    try:
+        yield bouncer
+    finally:
+        bouncer.stop()
+
+
+@pytest.fixture(scope="session")
+def pgbouncer_dsn(pgbouncer: pg.PgBouncer, postgres_dsn: str) -> Iterator[str]:
+    """This run's database reached through the transaction-mode PgBouncer. At the end of the
+    run no LISTEN may be left on any of its server connections (every listener that went
+    through it either never listened or took its LISTEN back)."""
+    routed = pgbouncer.route(postgres_dsn)
+    yield routed
+    leaked = pg.pooled_listeners(routed, postgres_dsn)
+    assert leaked == 0, f"{leaked} PgBouncer server connection(s) left LISTENing"
+
+
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     if report.skipped and not hasattr(report, "wasxfail") and "postgres" in report.keywords:
         _state["postgres_skips"] = int(str(_state["postgres_skips"])) + 1

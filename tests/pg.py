@@ -260,3 +260,123 @@ def execute(dsn: str, query: str, params: Any = None) -> list[tuple[Any, ...]]:
 def reset(dsn: str) -> None:
     """Empty the lease table (the token sequence keeps counting, as in production)."""
     execute(dsn, "TRUNCATE worklease_leases")
+
+
+def pooled_listeners(routed_dsn: str, direct_dsn: str) -> int:
+    """How many of PgBouncer's server connections for this database LISTEN on the channel.
+
+    As many bystanders as PgBouncer's default pool size (20) each open a transaction, which
+    pins every server connection there is to one of them; a notification sent directly to
+    the server then reaches, at their commit, each bystander whose server connection listens
+    (a LISTEN left on a pooled connection hands unrelated clients the releases).
+    """
+    got: list[str] = []
+    bystanders = [
+        psycopg.connect(routed_dsn, prepare_threshold=None, connect_timeout=5) for _ in range(20)
+    ]
+    try:
+        for conn in bystanders:
+            conn.add_notify_handler(lambda note: got.append(note.payload))
+            conn.execute("SELECT 1")  # BEGIN (not autocommit): pinned to a server connection
+        execute(direct_dsn, "SELECT pg_notify('worklease_release', 'bystander-check')")
+        for conn in bystanders:
+            conn.commit()
+            conn.execute("SELECT 1")
+            conn.commit()
+    finally:
+        for conn in bystanders:
+            conn.close()
+    return got.count("bystander-check")
+
+
+def find_pgbouncer() -> str | None:
+    """The PgBouncer executable (Debian installs it under /usr/sbin), or ``None``."""
+    return shutil.which("pgbouncer") or next(
+        (p for p in ("/usr/sbin/pgbouncer", "/usr/bin/pgbouncer") if Path(p).exists()), None
+    )
+
+
+class PgBouncer:
+    """A private PgBouncer on a loopback port in front of one server, stopped by :meth:`stop`.
+
+    ``pool_mode`` is ``transaction`` (what the topologies issue tests) or ``session``. The
+    settings are PgBouncer's defaults apart from the addresses, trust authentication and the
+    log level: a user's PgBouncer as installed.
+    """
+
+    def __init__(self, server_dsn: str, *, pool_mode: str = "transaction") -> None:
+        self.executable = find_pgbouncer()
+        if self.executable is None:
+            raise Unavailable("pgbouncer is not installed (apt-get install pgbouncer)")
+        self.host, self.server_port = address(server_dsn)
+        self.pool_mode = pool_mode
+        self.root = Path(tempfile.mkdtemp(prefix="worklease-pgbouncer-"))
+        self.port = _free_port()
+        self.user: str | None = None
+        self.process: subprocess.Popen[bytes] | None = None
+        if os.geteuid() == 0:  # PgBouncer refuses to run as root
+            try:
+                pwd.getpwnam("postgres")
+                self.user = "postgres"
+            except KeyError:
+                self.user = "nobody"
+            shutil.chown(self.root, user=self.user, group=None)
+
+    @property
+    def log(self) -> Path:
+        return self.root / "pgbouncer.log"
+
+    def log_text(self) -> str:
+        try:
+            return self.log.read_text(errors="replace")
+        except FileNotFoundError:
+            return ""
+
+    def start(self) -> None:
+        (self.root / "users.txt").write_text('"postgres" ""\n')
+        (self.root / "pgbouncer.ini").write_text(
+            "[databases]\n"
+            f"* = host={self.host} port={self.server_port}\n"
+            "[pgbouncer]\n"
+            "listen_addr = 127.0.0.1\n"
+            f"listen_port = {self.port}\n"
+            "unix_socket_dir =\n"
+            "auth_type = trust\n"
+            f"auth_file = {self.root / 'users.txt'}\n"
+            f"pool_mode = {self.pool_mode}\n"
+            f"logfile = {self.log}\n"
+            f"pidfile = {self.root / 'pgbouncer.pid'}\n"
+            "max_client_conn = 500\n"
+        )
+        for name in ("users.txt", "pgbouncer.ini"):
+            if self.user is not None:
+                shutil.chown(self.root / name, user=self.user, group=None)
+        self.process = subprocess.Popen(
+            [str(self.executable), str(self.root / "pgbouncer.ini")],
+            user=self.user,
+            cwd=self.root,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        deadline = time.monotonic() + 30
+        probe = f"host=127.0.0.1 port={self.port} user=postgres dbname=postgres connect_timeout=3"
+        while not answers(probe):
+            if self.process.poll() is not None or time.monotonic() > deadline:
+                tail = self.log_text()[-800:]
+                self.stop()
+                raise Unavailable(f"pgbouncer did not start: {tail}")
+            time.sleep(0.1)
+
+    def route(self, dsn: str) -> str:
+        """``dsn`` (a database on the server behind) reached through this PgBouncer."""
+        return via(dsn, self.port)
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(timeout=10)
+        shutil.rmtree(self.root, ignore_errors=True)

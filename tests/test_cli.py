@@ -75,7 +75,7 @@ def test_usage_errors_exit_2() -> None:
 
 
 def test_help_for_every_command() -> None:
-    for command in ("demo", "schema", "migrate", "status", "sweep"):
+    for command in ("demo", "schema", "migrate", "status", "sweep", "check"):
         result = run(command, "--help")
         assert result.returncode == 0
         assert "usage: worklease " + command in result.stdout
@@ -287,3 +287,39 @@ def test_status_unreachable_database_is_one_line() -> None:
     assert result.returncode == 1
     assert result.stderr.startswith("worklease status: cannot connect:")
     assert result.stderr.count("\n") == 1
+
+
+@pytest.mark.postgres
+def test_check_prints_one_line_per_finding_and_exits_0_when_nothing_failed(
+    postgres_dsn: str,
+) -> None:
+    result = run("check", "--dsn", postgres_dsn)
+    assert result.returncode == 0, result.stdout + result.stderr
+    lines = result.stdout.splitlines()
+    assert [line.split()[:2] for line in lines][:2] == [["ok", "connection"], ["ok", "schema"]]
+    assert all(line.split()[0] == "ok" for line in lines)
+    report = json.loads(run("check", "--dsn", postgres_dsn, "--json").stdout)
+    assert report["ok"] is True
+    assert {f["name"] for f in report["findings"]} >= {"schema", "replication", "listen"}
+
+
+@pytest.mark.postgres
+def test_check_exits_1_on_a_failure_and_with_strict_on_a_warning(
+    postgres_server: str, pgbouncer_dsn: str
+) -> None:
+    with pg.fresh_database(postgres_server) as dsn:
+        pg.execute(dsn, "DROP TABLE worklease_leases")
+        missing = run("check", "--dsn", dsn)
+    assert missing.returncode == 1
+    assert any(line.startswith("fail  schema") for line in missing.stdout.splitlines())
+    assert missing.stderr == ""
+    assert run("check", "--dsn", pgbouncer_dsn).returncode == 0  # warnings only
+    strict = run("check", "--dsn", pgbouncer_dsn, "--strict")
+    assert strict.returncode == 1
+    assert "warn  pooler" in strict.stdout
+
+
+def test_check_bad_ttl_is_one_line_and_status_1() -> None:
+    result = run("check", "--dsn", "host=nowhere.invalid", "--ttl", "soon")
+    assert result.returncode == 1
+    assert result.stderr.startswith("worklease check: ")

@@ -12,6 +12,7 @@ from psycopg_pool import ConnectionPool
 
 from tests import pg
 from worklease import ExitMode, Lease, LeaseHeldError, PostgresBackend
+from worklease._pg import TOKEN_TIMELINE_SHIFT
 
 pytestmark = pytest.mark.postgres
 
@@ -34,7 +35,8 @@ def test_throwaway_cluster_serves_a_lease_and_is_removed() -> None:
         ):
             lease = Lease(backend, holder_id="bootstrap", ttl=30.0)
             token = lease.acquire("bootstrap")
-            assert token.fencing_token == 1  # a fresh sequence in a fresh database
+            # A fresh cluster is on timeline 1 and a fresh database's sequence starts at 1.
+            assert token.fencing_token == (1 << TOKEN_TIMELINE_SHIFT) + 1
             with pytest.raises(LeaseHeldError):
                 Lease(backend, holder_id="other", ttl=30.0).acquire("bootstrap")
             lease.release(token, ExitMode.FINISHED)

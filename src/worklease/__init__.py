@@ -18,6 +18,7 @@ from ._async.backend import AsyncFindAvailable as AsyncFindAvailable
 from ._async.backend import AsyncReleaseMany as AsyncReleaseMany
 from ._async.backend import AsyncRenewMany as AsyncRenewMany
 from ._async.backend import AsyncSurvey as AsyncSurvey
+from ._async.check import acheck_postgres as acheck_postgres
 from ._async.hold import AsyncHold as AsyncHold
 from ._async.leader import AsyncLeader as AsyncLeader
 from ._async.lease import AsyncLease as AsyncLease
@@ -28,6 +29,8 @@ from ._async.renewal import AsyncRenewal as AsyncRenewal
 from ._async.runner import AsyncRunner as AsyncRunner
 from ._async.vacuum import AsyncVacuum as AsyncVacuum
 from ._async.watch import AsyncReleaseWatching as AsyncReleaseWatching
+from ._check import CheckFinding as CheckFinding
+from ._check import CheckReport as CheckReport
 from ._context import current_renewal as current_renewal
 from ._fairshare import PoolSurvey as PoolSurvey
 from ._models import Checkpoint as Checkpoint
@@ -42,6 +45,7 @@ from ._sync.backend import FindAvailable as FindAvailable
 from ._sync.backend import ReleaseMany as ReleaseMany
 from ._sync.backend import RenewMany as RenewMany
 from ._sync.backend import Survey as Survey
+from ._sync.check import check_postgres as check_postgres
 from ._sync.hold import Hold as Hold
 from ._sync.leader import Leader as Leader
 from ._sync.lease import Lease as Lease
@@ -124,8 +128,8 @@ __all__ = [
     "AsyncMemoryBackend",
     "AsyncPool",
     "AsyncPostgresBackend",
-    "AsyncReleaseWatching",
     "AsyncReleaseMany",
+    "AsyncReleaseWatching",
     "AsyncRenewMany",
     "AsyncRenewal",
     "AsyncRunner",
@@ -134,10 +138,12 @@ __all__ = [
     "AsyncVacuum",
     "AsyncWorkFn",
     "Backend",
-    "BalanceEvent",
     "BackendError",
     "BackendRequiredError",
     "Backoff",
+    "BalanceEvent",
+    "CheckFinding",
+    "CheckReport",
     "Checkpoint",
     "CheckpointEvent",
     "Codec",
@@ -168,24 +174,24 @@ __all__ = [
     "Operation",
     "PermanentError",
     "Pool",
-    "PostgresBackend",
     "PoolConfigError",
     "PoolLeaseRequiredError",
     "PoolObserver",
     "PoolSurvey",
     "PoolWorkFnRequiredError",
+    "PostgresBackend",
     "ReadCheckpointEvent",
     "ReleaseEvent",
-    "ReleaseWatching",
     "ReleaseMany",
+    "ReleaseWatching",
+    "RenewEvent",
     "RenewMany",
     "Renewal",
-    "RenewEvent",
     "RetentionRequiredError",
     "Retire",
     "Runner",
-    "SlotAcquiredEvent",
     "ScanEvent",
+    "SlotAcquiredEvent",
     "SlotBackoffEvent",
     "SlotDeadEvent",
     "SlotLostEvent",
@@ -201,6 +207,8 @@ __all__ = [
     "WorkFnRequiredError",
     "WorkleaseError",
     "__version__",
+    "acheck_postgres",
+    "check_postgres",
     "current_renewal",
     "permanent",
     "schema_sql",

@@ -1,9 +1,10 @@
 """The ``worklease`` command line (also ``python -m worklease``).
 
 Commands: ``demo`` (the quick start on the in-memory backend), ``schema`` (print the schema
-SQL), ``migrate`` (apply it to a database), ``status`` (list leases) and ``sweep`` (delete
-retired or lapsed rows). Expected failures print one line to stderr and exit with status 1;
-usage errors exit with status 2.
+SQL), ``migrate`` (apply it to a database), ``status`` (list leases), ``sweep`` (delete
+retired or lapsed rows) and ``check`` (is this PostgreSQL deployment fit for worklease).
+Expected failures print one line to stderr and exit with status 1; usage errors exit with
+status 2.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from psycopg.rows import tuple_row
 from ._duration import format_duration, glob_to_regex, parse_duration
 from ._models import Checkpoint, Token
 from ._pg import TABLE, Rows, Statements, check_schema_name, map_error, schema_sql
+from ._sync.check import check_postgres
 from ._sync.lease import Lease
 from ._sync.memory import MemoryBackend
 from ._sync.postgres import PostgresBackend, run_statement
@@ -225,6 +227,28 @@ def _sweep(args: argparse.Namespace) -> None:
             print(f"deleted {max(count, 0)} {kinds} row(s) not updated for {args.retention}")
 
 
+def _check(args: argparse.Namespace) -> None:
+    report = check_postgres(
+        args.dsn or "",
+        schema=args.schema,
+        listen_dsn=args.listen_dsn,
+        ttl=parse_duration(args.ttl),
+    )
+    if args.json:
+        print(json.dumps(report.to_dict(), indent=2))
+    else:
+        width = max(len(f.name) for f in report.findings)
+        for finding in report.findings:
+            print(f"{finding.status:<5} {finding.name:<{width}}  {finding.detail}")
+    failed = not report.ok or (args.strict and not report.clean)
+    if failed:
+        raise _Quiet()
+
+
+class _Quiet(Exception):
+    """Exit with status 1 without a message (the report said it)."""
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="worklease",
@@ -308,6 +332,28 @@ def _parser() -> argparse.ArgumentParser:
         "--dry-run", action="store_true", help="only count the rows that would be deleted"
     )
     sweep.set_defaults(handler=_sweep)
+
+    check = commands.add_parser(
+        "check",
+        help="check a PostgreSQL deployment for worklease (exit status 1 on a failure)",
+        description="Check the connection, the schema, the default isolation, the clock "
+        "offset to the server, synchronous_commit, standbys and whether replication is "
+        "synchronous, server timeouts against the TTL, a transaction-pooling proxy in "
+        "between (PgBouncer), and whether release notifications work from this DSN (and "
+        "through --listen-dsn). Each line is ok, warn or fail; the exit status is 1 when a "
+        "check failed (or, with --strict, warned).",
+    )
+    check.add_argument("--dsn", default="", help="libpq connection string or URI")
+    check.add_argument("--schema", metavar="NAME", help="the schema holding the tables")
+    check.add_argument(
+        "--listen-dsn", metavar="DSN", help="also check the release listener on this route"
+    )
+    check.add_argument(
+        "--ttl", default="30s", metavar="DURATION", help="the lease TTL you use (default 30s)"
+    )
+    check.add_argument("--json", action="store_true", help="print the report as JSON")
+    check.add_argument("--strict", action="store_true", help="exit with status 1 on warnings too")
+    check.set_defaults(handler=_check)
     return parser
 
 
@@ -318,6 +364,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if getattr(args, "schema", None) is not None:
             check_schema_name(args.schema)
         args.handler(args)
+    except _Quiet:
+        return 1
     except (CommandError, WorkleaseError, ValueError) as exc:
         message = str(exc).removeprefix(f"{args.command}: ")
         print(f"worklease {args.command}: {message}", file=sys.stderr)

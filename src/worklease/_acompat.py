@@ -19,9 +19,11 @@ from typing import Any, TypeVar, cast
 
 __all__ = [
     "ABATCH_LINGER",
+    "ACancelGuard",
     "ARENEWER_LINGER",
     "BATCH_LINGER",
     "Abandoned",
+    "CancelGuard",
     "RENEWER_LINGER",
     "AEvent",
     "AHostCanceller",
@@ -168,15 +170,14 @@ def worker_alive(worker: Worker) -> bool:
     return worker.is_alive()
 
 
-def acancel_worker(worker: AWorker) -> bool:
-    """Cancel a task without waiting for it; True (a task can be cancelled)."""
+def acancel_worker(worker: AWorker) -> None:
+    """Cancel a task without waiting for it."""
     worker.cancel()
-    return True
 
 
-def cancel_worker(worker: Worker) -> bool:
-    """Threads cannot be cancelled; a worker thread notices its stop event instead: False."""
-    return False
+def cancel_worker(worker: Worker) -> None:
+    """Threads cannot be cancelled: a worker thread notices its stop event (or its
+    renewal's shed) instead."""
 
 
 def aloop_key() -> object:
@@ -490,6 +491,41 @@ class _CleanupHelpers:
 
 
 _cleanup_helpers = _CleanupHelpers()
+
+
+# -- cancellations lost by third-party waits ------------------------------------------------
+
+
+class ACancelGuard:
+    """Re-raises a cancellation that a call lost on its way through.
+
+    Before Python 3.12, ``asyncio.wait_for`` drops a cancellation that arrives just as the
+    awaited thing finishes (CPython gh-86296); psycopg_pool waits for a free connection that
+    way. The caller would carry on as if never cancelled, and whoever cancelled it (a pool
+    stopping) would wait for ever. Create the guard before the call and ``check()`` after it:
+    a cancellation requested meanwhile that never arrived is raised there.
+    """
+
+    __slots__ = ("_baseline", "_task")
+
+    def __init__(self) -> None:
+        self._task = asyncio.current_task()
+        self._baseline = self._task.cancelling() if self._task is not None else 0
+
+    def check(self) -> None:
+        """Raise ``CancelledError`` if the task was cancelled since the guard was made and
+        the call returned anyway."""
+        if self._task is not None and self._task.cancelling() > self._baseline:
+            raise asyncio.CancelledError("cancelled while waiting (the wait lost it)")
+
+
+class CancelGuard:
+    """A thread cannot be cancelled: nothing to lose."""
+
+    __slots__ = ()
+
+    def check(self) -> None:
+        pass
 
 
 # -- cancelling the body of a renewal -------------------------------------------------------

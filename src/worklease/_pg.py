@@ -23,6 +23,7 @@ from typing import Any, NamedTuple
 import psycopg
 from psycopg import errors as pg_errors
 from psycopg import sql
+from psycopg.conninfo import conninfo_to_dict
 
 from ._failures import fenced, held, lease_expired
 from ._fairshare import MEMBER_PREFIX, PoolSurvey
@@ -85,6 +86,21 @@ def check_schema_name(schema: object) -> str | None:
     if not isinstance(schema, str) or not schema or "\x00" in schema or "%" in schema:
         raise ConfigError(f"schema must be a non-empty string without NUL or '%', got {schema!r}")
     return schema
+
+
+def check_listen_dsn(listen_dsn: object, listen: bool) -> str | None:
+    """A conninfo string for the release listener, checked before any I/O."""
+    if listen_dsn is None:
+        return None
+    if not isinstance(listen_dsn, str):
+        raise ConfigError(f"listen_dsn must be a conninfo string, got {type(listen_dsn).__name__}")
+    if not listen:
+        raise ConfigError("listen_dsn was given with listen=False: nothing would listen on it")
+    try:
+        conninfo_to_dict(listen_dsn)
+    except psycopg.ProgrammingError as exc:
+        raise ConfigError(f"listen_dsn is not a valid conninfo string: {exc}") from None
+    return listen_dsn
 
 
 def _canonical() -> str:

@@ -475,7 +475,11 @@ def test_a_retirement_means_no_all_dead_error(lease: Lease, slots: Slots) -> Non
     assert slots.kinds("dies-1") == slots.kinds("dies-2") == ["acquired", "dead"]
 
 
-@pytest.mark.parametrize("idle", [0.1, LONG], ids=["polling", "woken-by-release"])
+@pytest.mark.parametrize(
+    "idle",
+    [0.1, pytest.param(LONG, marks=pytest.mark.needs_release_reports)],
+    ids=["polling", "woken-by-release"],
+)
 def test_held_elsewhere_waits_then_picks_it_up(
     lease: Lease, rival: Lease, observer: RecordingObserver, idle: float
 ) -> None:

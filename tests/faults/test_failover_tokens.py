@@ -18,7 +18,7 @@ import psycopg
 import pytest
 
 from tests import pg
-from worklease import ExitMode, Lease, LeaseHeldError, PostgresBackend
+from worklease import ExitMode, Lease, LeaseHeldError, PostgresBackend, check_postgres
 from worklease._pg import TOKEN_TIMELINE_SHIFT
 
 from .conftest import scaled
@@ -109,3 +109,25 @@ def test_tokens_after_a_promotion_exceed_every_token_before_it(
     # tokens the old primary acknowledged.
     sequence_after = max(t & ((1 << TOKEN_TIMELINE_SHIFT) - 1) for t in after.values())
     assert sequence_after <= max(t & ((1 << TOKEN_TIMELINE_SHIFT) - 1) for t in before.values())
+
+
+def test_check_warns_about_an_asynchronous_standby_and_not_a_synchronous_one(
+    clusters: tuple[pg.ThrowawayCluster, pg.ThrowawayCluster],
+) -> None:
+    primary, _standby = clusters
+    deadline = time.monotonic() + 30
+    while not pg.execute(primary.dsn, "SELECT count(*) FROM pg_stat_replication")[0][0]:
+        assert time.monotonic() < deadline, "the standby never connected"
+        time.sleep(0.1)
+    report = check_postgres(primary.dsn, probe_timeout=2.0)
+    print("\n".join(f"{f.status:<5} {f.name:<18}  {f.detail}" for f in report.findings))
+    assert report["replication"].status == "warn"
+    assert "asynchronous" in report["replication"].detail
+    assert report.ok  # a warning, not a failure
+    pg.execute(primary.dsn, "ALTER SYSTEM SET synchronous_standby_names = '*'")
+    pg.execute(primary.dsn, "SELECT pg_reload_conf()")
+    deadline = time.monotonic() + 30
+    while pg.execute(primary.dsn, "SELECT sync_state FROM pg_stat_replication")[0][0] != "sync":
+        assert time.monotonic() < deadline, "replication never became synchronous"
+        time.sleep(0.1)
+    assert check_postgres(primary.dsn, probe_timeout=2.0)["replication"].status == "ok"

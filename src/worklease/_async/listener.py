@@ -13,10 +13,10 @@ import uuid
 from typing import Any
 
 import psycopg
-from psycopg import AsyncConnection, sql
+from psycopg import AsyncClientCursor, AsyncConnection, sql
 from psycopg_pool import AsyncConnectionPool
 
-from .._acompat import AEvent, AWorker, acancel_worker, ajoin_all, aspawn
+from .._acompat import ACancelGuard, AEvent, AWorker, acancel_worker, ajoin_all, aspawn
 from .._pg import RELEASE_CHANNEL, map_error
 from .._window import Backoff, monotonic
 from .watch import AsyncReleaseHub
@@ -28,6 +28,13 @@ _IS_SYNC = False
 logger = logging.getLogger("worklease")
 
 _LISTEN = sql.SQL("LISTEN {}").format(sql.Identifier(RELEASE_CHANNEL))
+_UNLISTEN = sql.SQL("UNLISTEN {}").format(sql.Identifier(RELEASE_CHANNEL))
+_UNLISTEN_ATTEMPTS = 20
+_SHARED = (
+    "connections were served by shared server sessions: a transaction-pooling proxy (such as "
+    "PgBouncer in transaction mode) is in between; give the backend a listen_dsn that reaches "
+    "the server directly"
+)
 _PROBE_PREFIX = "worklease-probe:"
 _STOP_TIMEOUT = 5.0
 
@@ -36,11 +43,20 @@ class AsyncReleaseListener:
     """Publishes the work IDs announced on ``RELEASE_CHANNEL`` to ``hub``.
 
     Its connection comes from a private pool of one, built with the settings of the
-    application's pool (conninfo, kwargs, connection class). After ``LISTEN`` it sends itself
-    a probe notification: when LISTEN fails, or the probe does not come back within
-    ``probe_timeout`` seconds on the first connection (as behind a transaction-pooling
-    proxy), it logs one warning and stops for good, and waiters keep polling. A connection
-    lost later is replaced with a backoff.
+    application's pool (conninfo, kwargs, connection class), or on ``conninfo`` when given (a
+    direct route to the server past a transaction-pooling proxy). The checks run from a second
+    connection, opened the way the application's releases travel (the application pool's
+    settings), so they see what a release sees:
+
+    1. both connections report their server process; the same one means a proxy shares server
+       sessions between clients (PgBouncer in transaction mode), where a LISTEN would stay
+       behind on a pooled server connection: give up before listening;
+    2. after ``LISTEN`` the second connection sends a probe notification; when it does not
+       come back within ``probe_timeout`` seconds on the first connection, the listener
+       UNLISTENs and gives up.
+
+    Giving up (also when LISTEN is refused) logs one warning and stops for good; waiters keep
+    polling. A connection lost later is replaced with a backoff.
     """
 
     probe_timeout = 2.0
@@ -52,10 +68,12 @@ class AsyncReleaseListener:
     backoff = Backoff(initial=0.5, maximum=30.0)
     """Pacing of reconnection attempts."""
 
-    def __init__(self, pool: AsyncConnectionPool[Any], hub: AsyncReleaseHub) -> None:
+    def __init__(
+        self, pool: AsyncConnectionPool[Any], hub: AsyncReleaseHub, conninfo: str | None = None
+    ) -> None:
         self._hub = hub
         self._pool: AsyncConnectionPool[Any] = AsyncConnectionPool(
-            pool.conninfo,
+            pool.conninfo if conninfo is None else conninfo,
             kwargs=pool.kwargs,
             connection_class=pool.connection_class,
             min_size=1,
@@ -66,12 +84,25 @@ class AsyncReleaseListener:
             check=None,
             name="worklease-listener",
         )
+        # The second connection of the checks, opened on demand and closed after idling.
+        self._probe_pool: AsyncConnectionPool[Any] = AsyncConnectionPool(
+            pool.conninfo,
+            kwargs=pool.kwargs,
+            connection_class=pool.connection_class,
+            min_size=0,
+            max_size=1,
+            max_idle=60.0,
+            open=False,
+            check=None,
+            name="worklease-listener-probe",
+        )
         self._stop = AEvent()
         self._worker: AWorker | None = None
         self._proven = False  # a probe came back once: the path delivers
         self._connected = False  # this connection got to listening
         self._listening = False
         self._fell_back = False
+        self._fallback_reason: str | None = None
 
     @property
     def listening(self) -> bool:
@@ -83,6 +114,11 @@ class AsyncReleaseListener:
         """Whether the listener gave up for good (waiters poll)."""
         return self._fell_back
 
+    @property
+    def fallback_reason(self) -> str | None:
+        """Why the listener gave up, once it has."""
+        return self._fallback_reason
+
     def start(self) -> None:
         self._worker = aspawn(self._run, name="worklease-release-listener")
 
@@ -93,6 +129,7 @@ class AsyncReleaseListener:
         if worker is not None:
             acancel_worker(worker)
         await self._pool.close()  # also fails a wait for a connection at once
+        await self._probe_pool.close()
         if worker is not None:
             await ajoin_all([worker], timeout=_STOP_TIMEOUT)
 
@@ -102,8 +139,11 @@ class AsyncReleaseListener:
         while not self._stop.is_set():
             try:
                 await self._pool.open()
+                await self._probe_pool.open()
                 if not await self._session():
-                    await self._pool.close()  # gave up: hand the connection back for good
+                    # gave up: hand the connections back for good
+                    await self._pool.close()
+                    await self._probe_pool.close()
                     return
             except Exception as exc:
                 if self._stop.is_set():
@@ -124,22 +164,35 @@ class AsyncReleaseListener:
     async def _session(self) -> bool:
         """Listen on one connection until it fails (raises), the listener stops (returns
         True) or gives up (returns False)."""
+        guard = ACancelGuard()
         async with self._pool.connection() as conn:
+            guard.check()  # a cancellation the checkout lost (a stop) is raised here
             if not conn.autocommit:
                 await conn.set_autocommit(True)
+            mine = await _backend_pid(conn)
+            if await self._shares_server(conn, mine):
+                self._fall_back(_SHARED)
+                return False
             try:
-                await conn.execute(_LISTEN)
+                # One message: the pid says which server session took the LISTEN.
+                listening_at = await _run_reporting_pid(conn, _LISTEN)
             except psycopg.Error as exc:
                 if map_error(exc, "listen").transient:
                     raise
                 self._fall_back(f"LISTEN failed: {_describe(exc)}")
                 return False
+            if listening_at != mine:  # the proxy moved this client between sessions
+                await self._unlisten(conn, listening_at)
+                self._fall_back(_SHARED)
+                return False
             if not await self._probe(conn):
+                await self._unlisten(conn, listening_at)
                 if self._proven:  # it worked before: treat as a connection problem
                     raise TimeoutError("the probe notification did not come back")
                 self._fall_back(
-                    f"a notification sent to {RELEASE_CHANNEL!r} did not come back within "
-                    f"{self.probe_timeout:g}s (a transaction-pooling proxy in between?)"
+                    f"a notification sent to {RELEASE_CHANNEL!r} from another connection did "
+                    f"not come back within {self.probe_timeout:g}s (a transaction-pooling proxy "
+                    "in between? give the backend a listen_dsn that reaches the server directly)"
                 )
                 return False
             self._proven = self._connected = self._listening = True
@@ -155,10 +208,40 @@ class AsyncReleaseListener:
                 self._listening = False
         return True
 
+    async def _shares_server(self, conn: AsyncConnection[Any], mine: int) -> bool:
+        """Whether a pooler serves ``conn`` (server process ``mine``) from shared server
+        sessions: its process changes between statements, or a second connection gets it.
+        Two direct connections never share a process; a pooler in transaction mode hands
+        an idle server session to the next client (PgBouncer: last in, first out), and a
+        busy one moves clients between sessions."""
+        for _ in range(3):
+            async with self._probe_pool.connection(timeout=self.probe_timeout) as other:
+                theirs = await _backend_pid(other)
+            if theirs == mine or await _backend_pid(conn) != mine:
+                return True
+        return False
+
+    async def _unlisten(self, conn: AsyncConnection[Any], listening_at: int) -> None:
+        """Take the LISTEN back from the server session that took it (behind a pooler this
+        client may reach another one first: try a few times)."""
+        for _ in range(_UNLISTEN_ATTEMPTS):
+            try:
+                if await _run_reporting_pid(conn, _UNLISTEN) == listening_at:
+                    return
+            except psycopg.Error as exc:
+                logger.debug("worklease: UNLISTEN failed: %s", _describe(exc))
+                return
+        logger.info(
+            "worklease: could not reach the server session holding the listener's LISTEN; "
+            "it ends with that session"
+        )
+
     async def _probe(self, conn: AsyncConnection[Any]) -> bool:
-        """Whether a notification this connection sends itself comes back in time."""
+        """Whether a notification the second connection sends comes back to ``conn`` in
+        time."""
         payload = _PROBE_PREFIX + uuid.uuid4().hex
-        await self._send_probe(conn, payload)
+        async with self._probe_pool.connection(timeout=self.probe_timeout) as other:
+            await self._send_probe(other, payload)
         deadline = monotonic() + self.probe_timeout
         seen = False
         while not seen:
@@ -178,6 +261,8 @@ class AsyncReleaseListener:
         query = sql.SQL("SELECT pg_notify({}, {})").format(
             sql.Literal(RELEASE_CHANNEL), sql.Literal(payload)
         )
+        if not conn.autocommit:
+            await conn.set_autocommit(True)
         await conn.execute(query)
 
     def _deliver(self, channel: str, payload: str) -> None:
@@ -189,12 +274,36 @@ class AsyncReleaseListener:
             logger.exception("worklease: waking the watches of %r failed", payload)
 
     def _fall_back(self, reason: str) -> None:
+        self._fallback_reason = reason
         self._fell_back = True
         logger.warning(
             "worklease: release notifications are unavailable (%s); waiting acquires, "
             "leaders and pools fall back to polling",
             reason,
         )
+        # Waiters look again once and find no watch to wait on (the backend returns None).
+        self._hub.wake_all()
+
+
+async def _run_reporting_pid(conn: AsyncConnection[Any], statement: sql.Composed) -> int:
+    """Run ``statement`` and ``SELECT pg_backend_pid()`` in one simple-protocol message (one
+    server session runs both, even behind a pooler); the pid."""
+    if not conn.autocommit:
+        await conn.set_autocommit(True)
+    cursor = AsyncClientCursor(conn)
+    await cursor.execute(statement + sql.SQL("; SELECT pg_backend_pid()"))
+    while cursor.nextset():
+        pass
+    rows = await cursor.fetchall()
+    return int(rows[0][0])
+
+
+async def _backend_pid(conn: AsyncConnection[Any]) -> int:
+    if not conn.autocommit:
+        await conn.set_autocommit(True)
+    cursor = await conn.execute("SELECT pg_backend_pid()")
+    rows = await cursor.fetchall()
+    return int(rows[0][0])
 
 
 def _describe(exc: BaseException) -> str:

@@ -12,7 +12,7 @@ from psycopg import AsyncClientCursor, AsyncConnection
 from psycopg.rows import tuple_row
 from psycopg_pool import AsyncConnectionPool
 
-from .._acompat import ThreadLock
+from .._acompat import ACancelGuard, ThreadLock
 from .._deadline import seconds_left
 from .._failures import closed, fenced
 from .._fairshare import PoolSurvey
@@ -20,6 +20,7 @@ from .._models import Checkpoint, ExitMode, Token
 from .._pg import (
     Rows,
     Statements,
+    check_listen_dsn,
     check_schema_name,
     map_error,
     must_discard,
@@ -70,14 +71,21 @@ class AsyncPostgresBackend:
     end the moment a holder in any process releases, instead of at their next poll. A lost
     connection is replaced with a backoff; when notifications cannot work (LISTEN refused, or
     a test notification does not come back, as behind a transaction-pooling proxy such as
-    PgBouncer) one warning is logged and waits fall back to polling. ``listen=False`` never
-    listens.
+    PgBouncer in transaction mode) one warning is logged and waits fall back to polling.
+    ``listen_dsn`` gives the listener its own route to the server (a conninfo string, for
+    example straight to PostgreSQL past a transaction pooler), keeping handoff instant behind
+    one. ``listen=False`` never listens.
     """
 
     __module__ = "worklease"
 
     def __init__(
-        self, pool: AsyncConnectionPool[Any], *, schema: str | None = None, listen: bool = True
+        self,
+        pool: AsyncConnectionPool[Any],
+        *,
+        schema: str | None = None,
+        listen: bool = True,
+        listen_dsn: str | None = None,
     ) -> None:
         if pool is None:
             raise BackendRequiredError("a connection pool is required")
@@ -96,6 +104,7 @@ class AsyncPostgresBackend:
             self._listen = check_flag(listen, "listen")
         except TypeError as exc:
             raise ConfigError(str(exc)) from None
+        self._listen_dsn = check_listen_dsn(listen_dsn, self._listen)
         self._hub = AsyncReleaseHub()
         self._listener: AsyncReleaseListener | None = None
 
@@ -106,6 +115,7 @@ class AsyncPostgresBackend:
         *,
         schema: str | None = None,
         listen: bool = True,
+        listen_dsn: str | None = None,
         **pool_kwargs: Any,
     ) -> AsyncPostgresBackend:
         """A backend that owns a new pool built from ``conninfo`` (libpq settings and the
@@ -122,7 +132,7 @@ class AsyncPostgresBackend:
             )
         except (TypeError, ValueError) as exc:  # a builder: the argument-error rule
             raise ConfigError(f"connect: {exc}") from None
-        backend = cls(pool, schema=schema, listen=listen)
+        backend = cls(pool, schema=schema, listen=listen, listen_dsn=listen_dsn)
         backend._owns_pool = True
         return backend
 
@@ -192,7 +202,9 @@ class AsyncPostgresBackend:
         statements = schema_statements(schema)
         try:
             if isinstance(conn_or_pool, AsyncConnectionPool):
+                guard = ACancelGuard()
                 async with conn_or_pool.connection() as conn:
+                    guard.check()
                     await _apply(conn, statements)
             else:
                 await _apply(conn_or_pool, statements)
@@ -274,7 +286,9 @@ class AsyncPostgresBackend:
             statement = self._statements.bounded(statement)
             timeout = max(left, 0.001) if timeout is None else min(timeout, max(left, 0.001))
         try:
+            guard = ACancelGuard()
             async with pool.connection(timeout=timeout) as conn:
+                guard.check()  # a cancellation the checkout lost is raised here
                 if left is not None:
                     # What is left once the connection is there: a slow checkout never
                     # leaves the statement more time than its caller.
@@ -353,16 +367,19 @@ class AsyncPostgresBackend:
     def watch_releases(self, work_ids: Iterable[str]) -> AsyncReleaseWatch | None:
         """A watch woken when one of ``work_ids`` is released or forgotten through any backend
         on this database (optional method of the backend protocol); ``None`` with
-        ``listen=False`` or once closed. The first call starts listening."""
+        ``listen=False``, once closed, or once the listener found that notifications cannot
+        work on this route (see the class docs). The first call starts listening."""
         if not self._listen or self._closed:
             return None
         with self._lock:
-            if self._closed:
-                return None
             listener = self._listener
+            if self._closed or (listener is not None and listener.fell_back):
+                return None
             start = listener is None
             if listener is None:
-                listener = self._listener = AsyncReleaseListener(self._pool, self._hub)
+                listener = self._listener = AsyncReleaseListener(
+                    self._pool, self._hub, self._listen_dsn
+                )
         watch = self._hub.watch(work_ids)
         if start:
             listener.start()

@@ -239,10 +239,12 @@ class Pool:
             renewals = dict(self._renewals)
             workers = dict(self._workers)
         for work_id, worker in workers.items():
+            cancel_worker(worker)
             renewal = renewals.get(work_id)
-            if not cancel_worker(worker) and renewal is not None:
+            if renewal is not None:
                 # A thread cannot be cancelled: it learns it from raise_if_lost(), as a shed.
-                renewal._request_shed("the pool is stopping")
+                # So does a task whose cancellation some await lost on the way.
+                renewal._request_shed("the pool is stopping", cancel=False)
 
     def run(self) -> None:
         """Run the pool until it is stopped or every work ID retired or died (see the class

@@ -1,0 +1,216 @@
+# Generated from src/worklease/_async/check.py by scripts/unasync.py -- do not edit.
+# Change the async source and run "python scripts/unasync.py".
+
+"""``check_postgres``: ask a PostgreSQL deployment the questions of ``worklease check``.
+
+The judgements live in ``_check``; here are the connections and the statements. The listener
+check runs the backend's own release listener, so it sees exactly what a waiting acquire
+would.
+"""
+
+from __future__ import annotations
+
+import time
+from datetime import UTC, datetime
+from typing import Any
+
+import psycopg
+from psycopg import Connection, sql
+from psycopg.rows import tuple_row
+from psycopg_pool import ConnectionPool
+
+from .._acompat import sleep
+from .._check import (
+    COLUMNS_QUERY,
+    REPLICATION_QUERY,
+    TIMEOUT_QUERY,
+    TIMEOUT_SETTINGS,
+    CheckFinding,
+    CheckReport,
+    check_arguments,
+    first_line,
+    judge_clock,
+    judge_columns,
+    judge_commit,
+    judge_isolation,
+    judge_listener,
+    judge_pooler,
+    judge_replication,
+    judge_timeouts,
+    missing_sequence,
+    missing_table,
+    seconds_setting,
+)
+from .._pg import SEQUENCE, TABLE
+from .listener import ReleaseListener
+from .watch import ReleaseHub
+
+__all__ = ["check_postgres"]
+
+_Conn = Connection[tuple[Any, ...]]
+
+
+def check_postgres(
+    conninfo: str = "",
+    *,
+    schema: str | None = None,
+    listen_dsn: str | None = None,
+    ttl: float = 30.0,
+    probe_timeout: float = 5.0,
+) -> CheckReport:
+    """Check a PostgreSQL deployment for worklease; what it finds is reported, not raised.
+
+    Checks, in order: the connection; the schema (present and the current layout); the
+    default isolation; the clock offset between this client and the server;
+    ``synchronous_commit``; whether the server is a primary, has standbys and replicates
+    synchronously; server timeouts against ``ttl``; whether a pooler shares server sessions
+    between clients (PgBouncer in transaction mode); and whether release notifications work
+    from ``conninfo`` (and through ``listen_dsn`` when given), by running the backend's own
+    listener. Bad arguments raise ``ConfigError`` before any I/O. ``worklease check`` prints
+    the report.
+    """
+    conninfo, schema, listen_dsn, ttl, probe_timeout = check_arguments(
+        conninfo, schema, listen_dsn, ttl, probe_timeout
+    )
+    findings: list[CheckFinding] = []
+    try:
+        conn = _connect(conninfo)
+    except psycopg.Error as exc:
+        findings.append(CheckFinding("connection", "fail", f"cannot connect: {first_line(exc)}"))
+        return CheckReport(findings)
+    with conn:
+        info = conn.info
+        version = info.server_version
+        findings.append(
+            CheckFinding(
+                "connection",
+                "ok",
+                f"{info.host}:{info.port} database {info.dbname!r} as {info.user!r}, "
+                f"PostgreSQL {version // 10000}.{version % 10000}",
+            )
+        )
+        findings.append(_guarded("schema", _schema, conn, schema))
+        findings.append(_guarded("isolation", _isolation, conn))
+        findings.append(_guarded("clock", _clock, conn))
+        findings.append(_guarded("synchronous_commit", _commit, conn))
+        findings.append(_guarded("replication", _replication, conn))
+        findings.append(_guarded("timeouts", _timeouts, conn, ttl))
+        findings.append(_guarded("pooler", _pooler, conn, conninfo))
+    findings.append(_guarded("listen", _listen, conninfo, None, probe_timeout))
+    if listen_dsn is not None:
+        findings.append(_guarded("listen_dsn", _listen, conninfo, listen_dsn, probe_timeout))
+    return CheckReport(findings)
+
+
+def _connect(conninfo: str) -> _Conn:
+    return Connection.connect(
+        conninfo,
+        autocommit=True,
+        connect_timeout=10,
+        row_factory=tuple_row,
+        prepare_threshold=None,
+    )
+
+
+def _guarded(name: str, check: Any, *args: Any) -> CheckFinding:
+    """``check(*args)``, or a failed finding when the server refused a question."""
+    try:
+        finding: CheckFinding = check(*args)
+    except psycopg.Error as exc:
+        return CheckFinding(name, "fail", f"could not check: {first_line(exc)}")
+    return finding
+
+
+def _one(conn: _Conn, query: bytes, params: Any = None) -> Any:
+    cursor = conn.execute(query, params)
+    row = cursor.fetchone()
+    return None if row is None else row[0]
+
+
+def _schema(conn: _Conn, schema: str | None) -> CheckFinding:
+    table = sql.Identifier(schema, TABLE) if schema else sql.Identifier(TABLE)
+    regclass = _one(conn, b"SELECT to_regclass(%s)::oid", (table.as_string(conn),))
+    if regclass is None:
+        return missing_table(schema)
+    cursor = conn.execute(COLUMNS_QUERY, (regclass,))
+    rows = cursor.fetchall()
+    finding = judge_columns({str(name): str(kind) for name, kind in rows})
+    sequence = sql.Identifier(schema, SEQUENCE) if schema else sql.Identifier(SEQUENCE)
+    if finding.status == "ok":
+        found = _one(conn, b"SELECT to_regclass(%s)::oid", (sequence.as_string(conn),))
+        if found is None:
+            return missing_sequence()
+    return finding
+
+
+def _isolation(conn: _Conn) -> CheckFinding:
+    return judge_isolation(str(_one(conn, b"SHOW default_transaction_isolation")))
+
+
+def _clock(conn: _Conn) -> CheckFinding:
+    """The offset seen on the quickest of five round trips (the least uncertain)."""
+    best: tuple[float, float] | None = None
+    for _ in range(5):
+        before = time.time()
+        server = _one(conn, b"SELECT clock_timestamp()")
+        after = time.time()
+        if not isinstance(server, datetime):
+            raise TypeError(f"clock_timestamp() returned {server!r}")
+        round_trip = after - before
+        offset = server.astimezone(UTC).timestamp() - (before + after) / 2
+        if best is None or round_trip < best[1]:
+            best = (offset, round_trip)
+    if best is None:
+        raise TypeError("no clock reading")
+    return judge_clock(*best)
+
+
+def _commit(conn: _Conn) -> CheckFinding:
+    return judge_commit(str(_one(conn, b"SHOW synchronous_commit")))
+
+
+def _replication(conn: _Conn) -> CheckFinding:
+    in_recovery = bool(_one(conn, b"SELECT pg_is_in_recovery()"))
+    cursor = conn.execute(REPLICATION_QUERY)
+    rows = cursor.fetchall()
+    return judge_replication(in_recovery, [(str(name), mode) for name, mode in rows])
+
+
+def _timeouts(conn: _Conn, ttl: float) -> CheckFinding:
+    settings: dict[str, float] = {}
+    for name in TIMEOUT_SETTINGS:
+        value = _one(conn, TIMEOUT_QUERY, (name,))
+        if value is not None:
+            settings[name] = seconds_setting(str(value))
+    return judge_timeouts(settings, ttl)
+
+
+def _pooler(conn: _Conn, conninfo: str) -> CheckFinding:
+    """Two client connections on one server process: only a pooler can do that."""
+    mine = _one(conn, b"SELECT pg_backend_pid()")
+    with _connect(conninfo) as other:
+        theirs = _one(other, b"SELECT pg_backend_pid()")
+    return judge_pooler(mine == theirs)
+
+
+def _listen(conninfo: str, listen_dsn: str | None, probe_timeout: float) -> CheckFinding:
+    name = "listen" if listen_dsn is None else "listen_dsn"
+    route = "this DSN" if listen_dsn is None else "the listen DSN"
+    # The listener takes its settings from an application pool; this one is never opened.
+    settings: ConnectionPool[Any] = ConnectionPool(
+        conninfo, open=False, kwargs={"prepare_threshold": None, "connect_timeout": 10}
+    )
+    listener = ReleaseListener(settings, ReleaseHub(), listen_dsn)
+    listener.probe_timeout = probe_timeout
+    listener.start()
+    try:
+        deadline = time.monotonic() + probe_timeout * 2 + 10
+        while not (listener.listening or listener.fell_back):
+            if time.monotonic() > deadline:
+                return CheckFinding(
+                    name, "fail", f"the release listener could not connect through {route}"
+                )
+            sleep(0.05)
+        return judge_listener(name, route, listener.listening, listener.fallback_reason)
+    finally:
+        listener.stop()

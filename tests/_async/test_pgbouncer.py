@@ -1,0 +1,184 @@
+"""Release notifications behind PgBouncer (issue 13): what the listener does on each route.
+
+The rest of the suite runs through the transaction-mode PgBouncer as the ``pgbouncer``
+backend (conftest). Here: with default settings the listener sees that the pooler shares
+server sessions, never leaves a LISTEN on a pooled server connection, warns once, and waits
+poll; ``listen_dsn`` straight to the server keeps handoff instant; session mode listens as a
+direct connection does. Time bounds are generous (a few seconds against poll intervals of
+30 s): they tell a wake-up at the release from one at the next poll.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator, Iterator
+from time import monotonic
+from typing import Any
+
+import pytest
+from psycopg_pool import AsyncConnectionPool
+
+from tests import pg
+from tests._acompat import asleep, aspawn_all
+from worklease import AsyncLease, AsyncPostgresBackend, ConfigError, ExitMode, Token
+
+from .helpers import handed_over
+
+pytestmark = [pytest.mark.postgres, pytest.mark.pgbouncer]
+
+LONG = 30.0
+PROMPT = 5.0
+SETTLE = 20.0
+FALLBACK = "fall back to polling"
+STRAY = "when not linked"  # PgBouncer's log line for a notification on a pooled connection
+
+
+async def open_backend(dsn: str, **options: Any) -> AsyncPostgresBackend:
+    pool: AsyncConnectionPool[Any] = AsyncConnectionPool(
+        dsn, min_size=1, max_size=4, open=False, kwargs={"prepare_threshold": None}
+    )
+    await pool.open()
+    return AsyncPostgresBackend(pool, **options)
+
+
+async def close_backend(backend: AsyncPostgresBackend) -> None:
+    await backend.close()
+    await backend.pool.close()
+
+
+def fallbacks(caplog: pytest.LogCaptureFixture) -> list[logging.LogRecord]:
+    return [r for r in caplog.records if FALLBACK in r.getMessage()]
+
+
+async def until_settled(backend: AsyncPostgresBackend) -> bool:
+    """Start the listener and wait until it listens (True) or gave up (False)."""
+    deadline = monotonic() + SETTLE
+    watch = backend.watch_releases(["settle"])
+    assert watch is not None
+    with watch:
+        await watch.wait(SETTLE)
+    listener: Any = backend._listener
+    while not (listener.listening or listener.fell_back):
+        assert monotonic() < deadline, "the listener neither listened nor gave up"
+        await asleep(0.05)
+    return bool(listener.listening)
+
+
+@pytest.fixture
+async def routed(
+    postgres_dsn: str, pgbouncer_dsn: str
+) -> AsyncIterator[tuple[AsyncPostgresBackend, AsyncPostgresBackend]]:
+    """Two backends through the transaction-mode PgBouncer, default settings."""
+    pg.reset(postgres_dsn)
+    first = await open_backend(pgbouncer_dsn)
+    second = await open_backend(pgbouncer_dsn)
+    try:
+        yield first, second
+    finally:
+        await close_backend(first)
+        await close_backend(second)
+
+
+async def test_transaction_mode_falls_back_once_and_leaves_no_listen_behind(
+    routed: tuple[AsyncPostgresBackend, AsyncPostgresBackend],
+    pgbouncer: pg.PgBouncer,
+    pgbouncer_dsn: str,
+    postgres_dsn: str,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    first, second = routed
+    log_before = len(pgbouncer.log_text())
+    with caplog.at_level(logging.WARNING, logger="worklease"):
+        assert await until_settled(second) is False
+        assert await until_settled(first) is False
+        # Given up for good: no more watches, so waits poll instead of sitting out a watch.
+        assert second.watch_releases(["anything"]) is None
+        holder = AsyncLease(first, holder_id="holder", ttl=LONG)
+        waiter = AsyncLease(second, holder_id="waiter", ttl=LONG)
+        for _ in range(20):
+            await holder.release(await holder.acquire("bounced"), ExitMode.FINISHED)
+        assert pg.pooled_listeners(pgbouncer_dsn, postgres_dsn) == 0
+        token = await holder.acquire("bounced")
+        got: list[Token] = []
+
+        async def step(index: int) -> None:
+            if index == 0:
+                got.append(
+                    await waiter.acquire("bounced", wait=True, timeout=LONG, poll_interval=0.2)
+                )
+            else:
+                await asleep(0.3)
+                await holder.release(token, ExitMode.FINISHED)
+
+        begin = monotonic()
+        assert await aspawn_all(step, 2) == [None, None]
+        assert got[0].holder_id == "waiter"
+        assert monotonic() - begin < PROMPT  # by polling, every 0.2 s
+        await waiter.release(got[0], ExitMode.FINISHED)
+        await asleep(0.5)
+    records = fallbacks(caplog)
+    assert len(records) == 2  # one per backend (listener), not one per watch or release
+    assert all(r.levelno == logging.WARNING for r in records)
+    assert "transaction-pooling proxy" in records[0].getMessage()
+    # No LISTEN reached a pooled server connection: PgBouncer saw no stray notification.
+    assert STRAY not in pgbouncer.log_text()[log_before:]
+
+
+async def test_transaction_mode_with_a_direct_listen_dsn_hands_over_at_once(
+    postgres_dsn: str, pgbouncer_dsn: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    pg.reset(postgres_dsn)
+    holder_side = await open_backend(pgbouncer_dsn)
+    waiter_side = await open_backend(pgbouncer_dsn, listen_dsn=postgres_dsn)
+    try:
+        with caplog.at_level(logging.WARNING, logger="worklease"):
+            assert await until_settled(waiter_side) is True
+            token, after = await handed_over(holder_side, waiter_side, "release")
+        assert token.holder_id == "waiter"
+        assert after < PROMPT  # not the 30 s poll interval
+        assert fallbacks(caplog) == []
+    finally:
+        await close_backend(holder_side)
+        await close_backend(waiter_side)
+
+
+@pytest.fixture
+def session_bouncer(postgres_server: str) -> Iterator[pg.PgBouncer]:
+    bouncer = pg.PgBouncer(postgres_server, pool_mode="session")
+    bouncer.start()
+    try:
+        yield bouncer
+    finally:
+        bouncer.stop()
+
+
+async def test_session_mode_listens_with_default_settings(
+    postgres_dsn: str, session_bouncer: pg.PgBouncer, caplog: pytest.LogCaptureFixture
+) -> None:
+    pg.reset(postgres_dsn)
+    dsn = session_bouncer.route(postgres_dsn)
+    holder_side = await open_backend(dsn)
+    waiter_side = await open_backend(dsn)
+    try:
+        with caplog.at_level(logging.WARNING, logger="worklease"):
+            assert await until_settled(waiter_side) is True
+            token, after = await handed_over(holder_side, waiter_side, "forget")
+        assert token.holder_id == "waiter"
+        assert after < PROMPT
+        assert fallbacks(caplog) == []
+    finally:
+        await close_backend(holder_side)
+        await close_backend(waiter_side)
+
+
+async def test_listen_dsn_is_checked_before_any_io(postgres_dsn: str) -> None:
+    pool: AsyncConnectionPool[Any] = AsyncConnectionPool(postgres_dsn, open=False)
+    with pytest.raises(ConfigError, match="listen=False"):
+        AsyncPostgresBackend(pool, listen=False, listen_dsn=postgres_dsn)
+    with pytest.raises(ConfigError, match="conninfo string"):
+        AsyncPostgresBackend(pool, listen_dsn=b"host=x")  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match="not a valid conninfo"):
+        AsyncPostgresBackend(pool, listen_dsn="host='unterminated")
+    with pytest.raises(ConfigError, match="not a valid conninfo"):
+        AsyncPostgresBackend.connect(postgres_dsn, listen_dsn="nonsense without equals")
+    assert pool.closed  # nothing was opened
