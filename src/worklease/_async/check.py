@@ -183,11 +183,13 @@ async def _timeouts(conn: _Conn, ttl: float) -> CheckFinding:
 
 
 async def _pooler(conn: _Conn, conninfo: str) -> CheckFinding:
-    """Two client connections on one server process: only a pooler can do that."""
+    """Two client connections on one server process, or one client moved between server
+    processes: only a pooler sharing server sessions does that."""
     mine = await _one(conn, b"SELECT pg_backend_pid()")
     async with await _connect(conninfo) as other:
         theirs = await _one(other, b"SELECT pg_backend_pid()")
-    return judge_pooler(mine == theirs)
+    again = await _one(conn, b"SELECT pg_backend_pid()")
+    return judge_pooler(theirs == mine or again != mine)
 
 
 async def _listen(conninfo: str, listen_dsn: str | None, probe_timeout: float) -> CheckFinding:

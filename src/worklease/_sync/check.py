@@ -186,11 +186,13 @@ def _timeouts(conn: _Conn, ttl: float) -> CheckFinding:
 
 
 def _pooler(conn: _Conn, conninfo: str) -> CheckFinding:
-    """Two client connections on one server process: only a pooler can do that."""
+    """Two client connections on one server process, or one client moved between server
+    processes: only a pooler sharing server sessions does that."""
     mine = _one(conn, b"SELECT pg_backend_pid()")
     with _connect(conninfo) as other:
         theirs = _one(other, b"SELECT pg_backend_pid()")
-    return judge_pooler(mine == theirs)
+    again = _one(conn, b"SELECT pg_backend_pid()")
+    return judge_pooler(theirs == mine or again != mine)
 
 
 def _listen(conninfo: str, listen_dsn: str | None, probe_timeout: float) -> CheckFinding:

@@ -7,13 +7,14 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from datetime import timedelta
+from inspect import isawaitable
 from types import TracebackType
 from typing import Any
 
 import psycopg
 from psycopg import ClientCursor, Connection
 from psycopg.rows import tuple_row
-from psycopg_pool import ConnectionPool
+from psycopg_pool import ConnectionPool, PoolTimeout
 
 from .._acompat import CancelGuard, ThreadLock
 from .._deadline import seconds_left
@@ -49,6 +50,8 @@ __all__ = ["PostgresBackend", "run_statement"]
 _CURRENT_SCHEMA = b"SET TRANSACTION ISOLATION LEVEL READ COMMITTED; SELECT current_schema()"
 
 _RENEWAL_POOL_SIZE = 4
+_BYPASS_AFTER = 0.25
+"""How long a renewal waits for the renewal pool before it opens a connection of its own."""
 
 
 class PostgresBackend:
@@ -273,12 +276,15 @@ class PostgresBackend:
         pool: ConnectionPool[Any] | None = None,
         timeout: float | None = None,
         deadline_bound: bool = False,
+        bypass: bool = False,
     ) -> tuple[Rows, int]:
         """Execute one statement on a pooled connection; return the rows and row count of
         its last result. ``timeout`` bounds the wait for a connection; with
         ``deadline_bound`` the statement's ``statement_timeout`` parameter is set to what is
         left of the caller's deadline once the connection is there (so a slow checkout does
-        not leave the statement more time than its caller)."""
+        not leave the statement more time than its caller). With ``bypass`` (renewals), a
+        pool that has no connection to give within ``_BYPASS_AFTER`` seconds is bypassed:
+        the statement runs on a connection of its own, opened with the pool's settings."""
         if self._closed:
             raise closed(operation)
         if pool is None:
@@ -289,16 +295,35 @@ class PostgresBackend:
             statement = self._statements.bounded(statement)
             timeout = max(left, 0.001) if timeout is None else min(timeout, max(left, 0.001))
         try:
-            guard = CancelGuard()
-            with pool.connection(timeout=timeout) as conn:
-                guard.check()  # a cancellation the checkout lost is raised here
-                if left is not None:
-                    # What is left once the connection is there: a slow checkout never
-                    # leaves the statement more time than its caller.
-                    params["statement_timeout"] = statement_timeout(seconds_left() or 0.0)
-                return run_statement(conn, operation, statement, params)
+            if bypass and (timeout is None or timeout > _BYPASS_AFTER):
+                try:
+                    return self._run_pooled(pool, _BYPASS_AFTER, operation, statement, params, left)
+                except PoolTimeout:
+                    # After a failover psycopg_pool reconnects with a delay that starts at
+                    # 1 s and doubles; a renewal must not wait for it inside a lease window.
+                    rest = None if timeout is None else timeout - _BYPASS_AFTER
+                    return _run_direct(pool, rest, operation, statement, params)
+            return self._run_pooled(pool, timeout, operation, statement, params, left)
         except psycopg.Error as exc:
             raise map_error(exc, operation) from exc
+
+    def _run_pooled(
+        self,
+        pool: ConnectionPool[Any],
+        timeout: float | None,
+        operation: str,
+        statement: bytes,
+        params: dict[str, Any],
+        left: float | None,
+    ) -> tuple[Rows, int]:
+        guard = CancelGuard()
+        with pool.connection(timeout=timeout) as conn:
+            guard.check()  # a cancellation the checkout lost is raised here
+            if left is not None:
+                # What is left once the connection is there: a slow checkout never leaves
+                # the statement more time than its caller.
+                params["statement_timeout"] = statement_timeout(seconds_left() or 0.0)
+            return run_statement(conn, operation, statement, params)
 
     # -- the backend protocol -----------------------------------------------------------------
 
@@ -406,7 +431,7 @@ class PostgresBackend:
         params["statement_timeout"] = statement_timeout(seconds)
         pool = self._ensure_renewal_pool()
         rows, _ = self._run(
-            "renew", statements.renew, params, pool=pool, timeout=max(seconds, 0.001)
+            "renew", statements.renew, params, pool=pool, timeout=max(seconds, 0.001), bypass=True
         )
         statements.written(rows, token, "renew")
 
@@ -423,7 +448,12 @@ class PostgresBackend:
         params["statement_timeout"] = statement_timeout(seconds)
         pool = self._ensure_renewal_pool()
         rows, _ = self._run(
-            "renew_many", statements.renew_many, params, pool=pool, timeout=max(seconds, 0.001)
+            "renew_many",
+            statements.renew_many,
+            params,
+            pool=pool,
+            timeout=max(seconds, 0.001),
+            bypass=True,
         )
         return statements.renewed_many(rows, tokens)
 
@@ -478,6 +508,33 @@ class PostgresBackend:
         }
         _, count = self._run("sweep", self._statements.sweep, params)
         return max(count, 0)
+
+
+def _run_direct(
+    pool: ConnectionPool[Any],
+    timeout: float | None,
+    operation: str,
+    statement: bytes,
+    params: dict[str, Any],
+) -> tuple[Rows, int]:
+    """Run one statement on a new connection built like ``pool``'s, then close it."""
+    conninfo: Any = pool.conninfo
+    kwargs: Any = pool.kwargs or {}
+    # psycopg_pool 3.3 accepts callables for both (resolved per connection)
+    if callable(conninfo):
+        conninfo = conninfo()
+        if isawaitable(conninfo):
+            conninfo = conninfo
+    if callable(kwargs):
+        kwargs = kwargs()
+        if isawaitable(kwargs):
+            kwargs = kwargs
+    kwargs = dict(kwargs)
+    if timeout is not None:
+        kwargs["connect_timeout"] = max(round(timeout), 1)
+    conn = pool.connection_class.connect(conninfo or "", **kwargs)
+    with conn:
+        return run_statement(conn, operation, statement, params)
 
 
 def run_statement(
