@@ -65,7 +65,8 @@ def tests(session: nox.Session) -> None:
 
 @nox.session(python=GEN_PYTHON)
 def bench(session: nox.Session) -> None:
-    """Lease operations vs the raw PostgreSQL floor, then handoff latency ->
+    """Lease operations vs the raw PostgreSQL floor, then handoff latency and transactional
+    steps ->
     benchmarks/results/ (not a default session). Arguments go to bench_ops.py:
     nox -s bench -- --iterations 500 --dsn DSN."""
     session.install("-e", ".[bench,test]")
@@ -74,6 +75,7 @@ def bench(session: nox.Session) -> None:
     if "--dsn" in dsn:
         dsn.append(session.posargs[session.posargs.index("--dsn") + 1])
     session.run("python", "benchmarks/bench_handoff.py", *dsn)
+    session.run("python", "benchmarks/bench_transaction.py", *dsn)
 
 
 @nox.session(name="bench-scale", python=GEN_PYTHON)

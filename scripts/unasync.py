@@ -92,6 +92,11 @@ REPLACEMENTS: dict[str, str] = {
     "AsyncAcquireMany": "AcquireMany",
     "AsyncReleaseMany": "ReleaseMany",
     "AsyncSurvey": "Survey",
+    "AsyncBackendTransaction": "BackendTransaction",
+    "AsyncTransactional": "Transactional",
+    "AsyncPostgresTransaction": "PostgresTransaction",
+    "AsyncMemoryTransaction": "MemoryTransaction",
+    "AsyncLeaseTransaction": "LeaseTransaction",
     "AsyncReleaseWatching": "ReleaseWatching",
     # compat pairs (worklease._acompat)
     "asleep": "sleep",

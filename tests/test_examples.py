@@ -86,6 +86,17 @@ STORY: dict[str, tuple[str, ...]] = {
     ),
 }
 
+# Examples that need PostgreSQL (run only with --dsn): their lines, on any run.
+POSTGRES_ONLY: dict[str, tuple[str, ...]] = {
+    "exactly_once_invoices": (
+        "worker-1: previous exit: none; resumes at customer-01",
+        rf"worker-1: killed with SIGKILL after (?P<n>{N}) invoices",
+        r"worker-2: previous exit: expired \(holder worker-1\); resumes at customer-\d\d",
+        "worker-2: invoiced up to customer-30; releasing",
+        "invoice table: 30 invoices for 30 customers, each invoiced exactly once",
+    ),
+}
+
 # Exact lines on the in-memory backend, where fencing tokens count from 1.
 MEMORY: dict[str, tuple[str, ...]] = {
     "subscription_cancellation": (
@@ -150,9 +161,10 @@ def without_latencies(output: str) -> str:
 def test_every_example_is_covered() -> None:
     async_sources = {p.stem for p in (EXAMPLES / "async").glob("*.py")}
     sync_sources = {p.stem for p in (EXAMPLES / "sync").glob("*.py")}
-    assert async_sources == sync_sources == set(STORY) == set(MEMORY)
+    assert set(STORY) == set(MEMORY)
+    assert async_sources == sync_sources == set(STORY) | set(POSTGRES_ONLY)
     documented = (EXAMPLES / "README.md").read_text(encoding="utf-8")
-    for name in STORY:
+    for name in [*STORY, *POSTGRES_ONLY]:
         assert (EXAMPLES / f"{name}.md").is_file()
         assert f"examples/sync/{name}.py" in documented
         assert f"examples/async/{name}.py" in documented
@@ -180,6 +192,22 @@ def test_example_on_postgres(name: str, flavour: str, postgres_dsn: str) -> None
     output = run_example(EXAMPLES / flavour / f"{name}.py", "--dsn", postgres_dsn)
 
     check_story(name, output)
+
+
+@pytest.mark.postgres
+@pytest.mark.parametrize("flavour", FLAVOURS)
+def test_exactly_once_invoices_survive_a_kill(flavour: str, postgres_dsn: str) -> None:
+    output = run_example(EXAMPLES / flavour / "exactly_once_invoices.py", "--dsn", postgres_dsn)
+    lines = output.splitlines()
+    missing = [
+        pattern
+        for pattern in POSTGRES_ONLY["exactly_once_invoices"]
+        if not any(re.fullmatch(pattern, line) for line in lines)
+    ]
+    assert not missing, output
+    # The successor resumes right after the last invoice the killed worker committed.
+    killed = next(m for x in lines if (m := re.fullmatch(r".* after (\d+) invoices", x)))
+    assert f"resumes at customer-{int(killed.group(1)) + 1:02}" in output
 
 
 @pytest.mark.parametrize("script", ["quickstart.py", "quickstart_async.py"])

@@ -14,10 +14,12 @@ from __future__ import annotations
 from ._async.backend import AsyncAcquireMany as AsyncAcquireMany
 from ._async.backend import AsyncAcquireWithCheckpoint as AsyncAcquireWithCheckpoint
 from ._async.backend import AsyncBackend as AsyncBackend
+from ._async.backend import AsyncBackendTransaction as AsyncBackendTransaction
 from ._async.backend import AsyncFindAvailable as AsyncFindAvailable
 from ._async.backend import AsyncReleaseMany as AsyncReleaseMany
 from ._async.backend import AsyncRenewMany as AsyncRenewMany
 from ._async.backend import AsyncSurvey as AsyncSurvey
+from ._async.backend import AsyncTransactional as AsyncTransactional
 from ._async.check import acheck_postgres as acheck_postgres
 from ._async.hold import AsyncHold as AsyncHold
 from ._async.leader import AsyncLeader as AsyncLeader
@@ -27,6 +29,7 @@ from ._async.pool import AsyncPool as AsyncPool
 from ._async.postgres import AsyncPostgresBackend as AsyncPostgresBackend
 from ._async.renewal import AsyncRenewal as AsyncRenewal
 from ._async.runner import AsyncRunner as AsyncRunner
+from ._async.transaction import AsyncLeaseTransaction as AsyncLeaseTransaction
 from ._async.vacuum import AsyncVacuum as AsyncVacuum
 from ._async.watch import AsyncReleaseWatching as AsyncReleaseWatching
 from ._check import CheckFinding as CheckFinding
@@ -41,10 +44,12 @@ from ._pg import schema_sql as schema_sql
 from ._sync.backend import AcquireMany as AcquireMany
 from ._sync.backend import AcquireWithCheckpoint as AcquireWithCheckpoint
 from ._sync.backend import Backend as Backend
+from ._sync.backend import BackendTransaction as BackendTransaction
 from ._sync.backend import FindAvailable as FindAvailable
 from ._sync.backend import ReleaseMany as ReleaseMany
 from ._sync.backend import RenewMany as RenewMany
 from ._sync.backend import Survey as Survey
+from ._sync.backend import Transactional as Transactional
 from ._sync.check import check_postgres as check_postgres
 from ._sync.hold import Hold as Hold
 from ._sync.leader import Leader as Leader
@@ -54,6 +59,7 @@ from ._sync.pool import Pool as Pool
 from ._sync.postgres import PostgresBackend as PostgresBackend
 from ._sync.renewal import Renewal as Renewal
 from ._sync.runner import Runner as Runner
+from ._sync.transaction import LeaseTransaction as LeaseTransaction
 from ._sync.vacuum import Vacuum as Vacuum
 from ._sync.watch import ReleaseWatching as ReleaseWatching
 from ._types import AsyncTokenCallback as AsyncTokenCallback
@@ -121,10 +127,12 @@ __all__ = [
     "AsyncAcquireMany",
     "AsyncAcquireWithCheckpoint",
     "AsyncBackend",
+    "AsyncBackendTransaction",
     "AsyncFindAvailable",
     "AsyncHold",
     "AsyncLeader",
     "AsyncLease",
+    "AsyncLeaseTransaction",
     "AsyncMemoryBackend",
     "AsyncPool",
     "AsyncPostgresBackend",
@@ -135,11 +143,13 @@ __all__ = [
     "AsyncRunner",
     "AsyncSurvey",
     "AsyncTokenCallback",
+    "AsyncTransactional",
     "AsyncVacuum",
     "AsyncWorkFn",
     "Backend",
     "BackendError",
     "BackendRequiredError",
+    "BackendTransaction",
     "Backoff",
     "BalanceEvent",
     "CheckFinding",
@@ -169,6 +179,7 @@ __all__ = [
     "LeaseObserver",
     "LeaseRequiredError",
     "LeaseShedError",
+    "LeaseTransaction",
     "LeaseWindowExhaustedError",
     "MemoryBackend",
     "Operation",
@@ -201,6 +212,7 @@ __all__ = [
     "SweepEvent",
     "Token",
     "TokenCallback",
+    "Transactional",
     "Vacuum",
     "VacuumObserver",
     "WorkFn",

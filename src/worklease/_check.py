@@ -12,7 +12,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
 from ._duration import format_duration
-from ._pg import SEQUENCE, TABLE, _canonical, check_listen_dsn, check_schema_name
+from ._pg import FENCE, SEQUENCE, TABLE, _canonical, check_listen_dsn, check_schema_name
 from ._validation import check_ttl
 from .errors import ConfigError
 
@@ -96,7 +96,7 @@ def judge_columns(found: dict[str, str]) -> CheckFinding:
         return CheckFinding(
             "schema", "fail", "the lease table is not the current layout: " + "; ".join(parts)
         )
-    return CheckFinding("schema", "ok", f"{TABLE}, {SEQUENCE} and their index are current")
+    return CheckFinding("schema", "ok", f"{TABLE}, {SEQUENCE}, {FENCE}() and the index are current")
 
 
 def judge_isolation(level: str) -> CheckFinding:
@@ -241,6 +241,14 @@ def missing_table(schema: str | None) -> CheckFinding:
 def missing_sequence() -> CheckFinding:
     return CheckFinding(
         "schema", "fail", f"the {SEQUENCE} sequence is missing: run `worklease migrate`"
+    )
+
+
+def missing_fence() -> CheckFinding:
+    return CheckFinding(
+        "schema",
+        "warn",
+        f"the {FENCE}() function is missing (the schema predates it): run `worklease migrate`",
     )
 
 

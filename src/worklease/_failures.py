@@ -5,9 +5,15 @@ from __future__ import annotations
 from datetime import datetime
 
 from ._models import Token
-from .errors import BackendError, FencedError, LeaseExpiredError, LeaseHeldError
+from .errors import (
+    BackendError,
+    FencedError,
+    LeaseExpiredError,
+    LeaseHeldError,
+    LeaseLapsedError,
+)
 
-__all__ = ["closed", "fenced", "held", "lease_expired"]
+__all__ = ["closed", "commit_unknown", "fenced", "held", "lease_expired", "lease_lapsed"]
 
 
 def fenced(token: Token, operation: str) -> FencedError:
@@ -23,6 +29,25 @@ def lease_expired(token: Token, operation: str, why: str) -> LeaseExpiredError:
         f"{operation}: work ID {token.work_id!r}, holder {token.holder_id!r}, token "
         f"{token.fencing_token}: {why}",
         token=token,
+    )
+
+
+def lease_lapsed(token: Token, operation: str) -> LeaseLapsedError:
+    return LeaseLapsedError(
+        f"{operation}: work ID {token.work_id!r}, holder {token.holder_id!r}, token "
+        f"{token.fencing_token}: the lease lapsed before the commit",
+        token=token,
+    )
+
+
+def commit_unknown(token: Token, cause: BaseException) -> BackendError:
+    """A COMMIT whose outcome nobody knows (the connection went away during it): never
+    transient, so nothing retries it blindly."""
+    return BackendError(
+        f"transaction: work ID {token.work_id!r}, token {token.fencing_token}: the connection "
+        f"was lost during COMMIT, so whether the step committed is unknown ({cause}); read the "
+        "checkpoint (or your rows) to find out before doing it again",
+        transient=False,
     )
 
 

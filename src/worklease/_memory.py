@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
 from ._acompat import ThreadRLock
-from ._failures import closed, fenced, held, lease_expired
+from ._failures import closed, fenced, held, lease_expired, lease_lapsed
 from ._fairshare import PoolSurvey
 from ._models import Checkpoint, ExitMode, Token
 from ._validation import check_exit_mode, check_work_id, distinct_work_ids, normalize_state
@@ -92,6 +92,10 @@ class MemoryStore:
     def _open(self, operation: str) -> None:
         if self._closed:
             raise closed(operation)
+
+    def check_open(self, operation: str) -> None:
+        """``BackendError`` once closed."""
+        self._open(operation)
 
     def now(self) -> datetime:
         value = self._now()
@@ -204,6 +208,24 @@ class MemoryStore:
                 )
             now = self.now()
             row.checkpoint = data
+            row.expires_at = now + timedelta(seconds=ttl)
+            row.updated_at = now
+
+    def commit_step(self, token: Token, state: bytes | None, write: bool, ttl: float) -> None:
+        """A transactional step's commit: like ``checkpoint`` (``write``: set the state), but
+        only while the lease has not lapsed (a step must never revive a lease)."""
+        self._open("transaction")
+        with self._lock:
+            row = self._owned(token, "transaction")
+            if row.exit_mode is not None:
+                raise lease_expired(
+                    token, "transaction", f"the holder already released it ({row.exit_mode})"
+                )
+            now = self.now()
+            if not now < row.expires_at:
+                raise lease_lapsed(token, "transaction")
+            if write:
+                row.checkpoint = state
             row.expires_at = now + timedelta(seconds=ttl)
             row.updated_at = now
 

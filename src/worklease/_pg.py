@@ -25,7 +25,7 @@ from psycopg import errors as pg_errors
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict
 
-from ._failures import fenced, held, lease_expired
+from ._failures import fenced, held, lease_expired, lease_lapsed
 from ._fairshare import MEMBER_PREFIX, PoolSurvey
 from ._models import Checkpoint, ExitMode, Token
 from .errors import BackendError, ConfigError, LeaseLostError
@@ -58,6 +58,8 @@ TABLE = "worklease_leases"
 RELEASE_CHANNEL = "worklease_release"
 """The NOTIFY channel a release or forget announces its work ID on (at commit)."""
 SEQUENCE = "worklease_fencing_seq"
+FENCE = "worklease_fence"
+"""The SQL function guarding a user's own statements by a lease (schema.sql)."""
 _PIN = "SET TRANSACTION ISOLATION LEVEL READ COMMITTED; "
 _BOUND = "SELECT set_config('statement_timeout', %(statement_timeout)s, true); "
 
@@ -114,6 +116,12 @@ def _qualify(text: str, quoted: str) -> str:
         (f"TABLE IF NOT EXISTS {TABLE} (", f"TABLE IF NOT EXISTS {quoted}.{TABLE} ("),
         (f"nextval('{SEQUENCE}')", f"nextval({_quote_literal(quoted + '.' + SEQUENCE)})"),
         (f"ON {TABLE} (updated_at)", f"ON {quoted}.{TABLE} (updated_at)"),
+        (f"FUNCTION {FENCE}(", f"FUNCTION {quoted}.{FENCE}("),
+        # inside the function's body, a string literal
+        (
+            f"FROM {TABLE} WHERE work_id = p_work_id",
+            f"FROM {_in_literal(quoted)}.{TABLE} WHERE work_id = p_work_id",
+        ),
     ]
     for old, new in replacements:
         if old in text:
@@ -135,6 +143,10 @@ def schema_sql(schema: str | None = None) -> str:
     body = _qualify(text, quoted).split("\n", 3)
     header, rest = "\n".join(body[:3]), body[3]
     return f"{header}\nCREATE SCHEMA IF NOT EXISTS {quoted};\n\n{rest}"
+
+
+def _in_literal(value: str) -> str:
+    return value.replace("'", "''")
 
 
 def _quote_literal(value: str) -> str:
@@ -341,6 +353,33 @@ SELECT EXISTS (SELECT 1 FROM renewed),
 SELECT EXISTS (SELECT 1 FROM released),
        (SELECT exit_mode IS NOT NULL OR expires_at <= now() FROM {{table}} WHERE {owned})"""
         )
+        # A transactional step (lease.transaction): the user's statements run between these,
+        # in one READ COMMITTED transaction bounded server-side by the lease window. The guard
+        # runs just before COMMIT: it locks the lease row (a successor's takeover waits for
+        # the COMMIT, then sees the extended lease), writes the staged checkpoint, and
+        # succeeds only while the token is the current grant and the lease has not lapsed at
+        # that moment (clock_timestamp(): now() would be the transaction's start).
+        self.tx_begin = (
+            b"BEGIN ISOLATION LEVEL READ COMMITTED; "
+            b"SET LOCAL statement_timeout = %(limit)s; "
+            b"SET LOCAL idle_in_transaction_session_timeout = %(limit)s"
+        )
+        # One plain UPDATE (cheap to plan on the simple protocol): a row means the step may
+        # commit; no row means it may not, and tx_status (read after the rollback) says why.
+        self.tx_guard = (
+            sql.SQL(
+                f"""UPDATE {{table}}
+SET checkpoint = CASE WHEN %(write)s THEN %(state)s ELSE checkpoint END,
+    expires_at = clock_timestamp() + %(ttl)s, updated_at = clock_timestamp()
+WHERE {owned} AND exit_mode IS NULL AND expires_at > clock_timestamp()"""
+            )
+            .format(table=table)
+            .as_bytes(None)
+        )
+        self.tx_status = build(
+            f"""SELECT false, exit_mode, expires_at <= now()
+FROM (SELECT 1) AS one LEFT JOIN {{table}} ON {owned}"""
+        )
         self.read_checkpoint = build(
             """SELECT fencing_token, checkpoint, prev_exit_mode, prev_holder_id
 FROM {table} WHERE work_id = %(work_id)s"""
@@ -449,6 +488,23 @@ ORDER BY work_id"""
         if expired:
             raise lease_expired(token, operation, "the lease expired or was released")
         raise fenced(token, operation)
+
+    @staticmethod
+    def step_loss(rows: list[tuple[Any, ...]], token: Token) -> LeaseLostError | None:
+        """From ``tx_status``: why ``token`` can no longer commit a step, or ``None`` while
+        it still could."""
+        _, exit_mode, lapsed = rows[0] if rows else (False, None, None)
+        return Statements.loss(exit_mode, lapsed, token)
+
+    @staticmethod
+    def loss(exit_mode: str | None, lapsed: bool | None, token: Token) -> LeaseLostError | None:
+        if lapsed is None:  # no row with this holder and token
+            return fenced(token, "transaction")
+        if exit_mode is not None:
+            return lease_expired(
+                token, "transaction", f"the holder already released it ({exit_mode})"
+            )
+        return lease_lapsed(token, "transaction") if lapsed else None
 
     @staticmethod
     def granted_many(

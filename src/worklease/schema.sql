@@ -22,3 +22,11 @@ CREATE TABLE IF NOT EXISTS worklease_leases (
 
 CREATE INDEX IF NOT EXISTS idx_worklease_leases_updated_at
     ON worklease_leases (updated_at);
+
+-- worklease_fence(work_id, token): a guard for your own statements outside
+-- lease.transaction(). True while the token is the current, unlapsed grant of the work ID;
+-- it then locks the lease row until your transaction ends, so no successor is granted
+-- before your COMMIT (and your lease's renewal waits for it too: call it last).
+CREATE OR REPLACE FUNCTION worklease_fence(p_work_id TEXT, p_token BIGINT) RETURNS BOOLEAN
+    LANGUAGE sql VOLATILE
+    AS 'SELECT EXISTS (SELECT 1 FROM worklease_leases WHERE work_id = p_work_id AND fencing_token = p_token AND exit_mode IS NULL AND expires_at > clock_timestamp() FOR NO KEY UPDATE)';

@@ -2,7 +2,8 @@
 
 ``install(dsn)`` adds the ``worklease_audit`` table and the trigger to a test database (never
 to a production schema). Each row records the operation, the work ID, the old and new fencing
-token and holder, the exit mode, an md5 of the checkpoint and the server time of the change.
+token and holder, the exit mode, an md5 of the checkpoint, the server time of the change and
+the ID of the transaction that made it.
 ``stale_writes(dsn)`` counts, from the server's point of view, accepted changes whose token is
 lower than a token already seen for that work ID: the number the library promises is zero.
 """
@@ -28,7 +29,8 @@ CREATE TABLE IF NOT EXISTS worklease_audit (
     new_holder      TEXT,
     exit_mode       TEXT,
     checkpoint_md5  TEXT,
-    expires_at      TIMESTAMPTZ
+    expires_at      TIMESTAMPTZ,
+    xid             TEXT        NOT NULL DEFAULT pg_current_xact_id()::text
 );
 
 CREATE OR REPLACE FUNCTION worklease_audit_change() RETURNS trigger AS $$

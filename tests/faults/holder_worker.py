@@ -16,7 +16,9 @@ them. After each write that returned it prints ``{"ack": n, "token": t, "work_id
 next n, so a failed n is never sent again). A line ``stop`` on stdin (or EOF) releases every
 work ID FINISHED.
 
-``zombie``: a long-lived holder driven by JSON commands on stdin, one work ID at a time:
+``zombie``: a long-lived holder driven by JSON commands on stdin, one work ID at a time
+(``--transactional``: each write is a transactional step that also inserts the row
+``(work_id, token, n)`` into ``worklease_test_steps``):
 ``{"cmd": "hold", "work_id": w, "ttl": s}`` acquires ``w`` (no waiting), starts its renewal
 and writes small checkpoints continuously, printing an ``ack`` per write that returned. On the
 first rejected write it keeps writing: every further write must be rejected too; it waits
@@ -206,8 +208,18 @@ def zombie(args: argparse.Namespace) -> int:
             nonlocal n
             n += 1
             start = time.monotonic()
+            state = f"zombie:{work_id}:{n}".encode()
             try:
-                lease.checkpoint(token, f"zombie:{work_id}:{n}".encode())
+                if args.transactional:  # the step's own row and its checkpoint, together
+                    with lease.transaction(token) as tx:
+                        tx.connection.execute(
+                            b"INSERT INTO worklease_test_steps (work_id, token, n) "
+                            b"VALUES (%s, %s, %s)",
+                            (work_id, token.fencing_token, n),
+                        )
+                        tx.checkpoint(state)
+                else:
+                    lease.checkpoint(token, state)
             except Exception as exc:
                 return exc
             emit(ack=n, token=token.fencing_token, work_id=work_id, t0=start, t=time.monotonic())
@@ -333,6 +345,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--gap", type=float, default=0.3, help="seconds between writes")
     parser.add_argument("--size", type=int, default=8192, help="checkpoint size (stream)")
     parser.add_argument("--interval", type=float, default=None, help="renewal interval")
+    parser.add_argument(
+        "--transactional",
+        action="store_true",
+        help="zombie: each write is a transactional step inserting into worklease_test_steps",
+    )
     args = parser.parse_args(argv)
     logging.basicConfig(
         stream=sys.stderr,

@@ -119,10 +119,13 @@ def test_named_schema_quotes_every_identifier() -> None:
     assert "DEFAULT nextval('\"my schema\".worklease_fencing_seq')" in text
     assert 'ON "my schema".worklease_leases (updated_at)' in text
     assert text.index("CREATE SCHEMA") < text.index("CREATE SEQUENCE")
-    # No reference to the table or sequence is left unqualified (comments aside).
+    assert 'FUNCTION "my schema".worklease_fence(' in text
+    assert 'FROM "my schema".worklease_leases WHERE work_id = p_work_id' in text
+    # No reference to the table, sequence or fence is left unqualified (comments aside).
     code = "\n".join(line for line in text.splitlines() if not line.startswith("--"))
-    assert re.findall(r"(?<![\w.])(?:worklease_leases|worklease_fencing_seq)(?!\w)", code) == []
-    assert code.count('"my schema".worklease_') == 4
+    unqualified = r"(?<![\w.])(?:worklease_leases|worklease_fencing_seq|worklease_fence)(?!\w)"
+    assert re.findall(unqualified, code) == []
+    assert code.count('"my schema".worklease_') == 6
 
 
 def test_schema_names_with_quotes_are_escaped() -> None:

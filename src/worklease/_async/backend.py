@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol, cast, runtime_checkable
+from typing import Any, Protocol, cast, runtime_checkable
 
 from .._fairshare import PoolSurvey
 from .._models import Checkpoint, ExitMode, Token
@@ -157,7 +157,42 @@ class AsyncAcquireMany(Protocol):
     ) -> list[tuple[Token, Checkpoint]]: ...
 
 
+class AsyncBackendTransaction(Protocol):
+    """One transactional step of a backend (from ``transaction(token)``): ``begin``, then the
+    caller's statements on ``connection``, then ``commit`` or ``rollback``, once each."""
+
+    @property
+    def connection(self) -> Any:
+        """What the caller's statements run on (PostgreSQL: the psycopg connection inside
+        the transaction; the memory backend: ``None``)."""
+        ...
+
+    async def begin(self, limit: float | None) -> None:
+        """Open the transaction; ``limit`` (seconds) bounds it server-side when given."""
+        ...
+
+    async def commit(self, state: bytes | None, write: bool, ttl: float) -> None:
+        """Write ``state`` (when ``write``) and extend the lease by ``ttl`` only while the
+        token is the current, unlapsed grant, then commit; otherwise roll back and raise the
+        loss. A commit whose outcome is unknown raises a non-transient ``BackendError``."""
+        ...
+
+    async def rollback(self) -> None:
+        """Undo everything since ``begin`` (idempotent, never raises for a lost
+        connection)."""
+        ...
+
+
+@runtime_checkable
+class AsyncTransactional(Protocol):
+    """Runs a step's own writes and its checkpoint in one transaction fenced by the lease."""
+
+    def transaction(self, token: Token) -> AsyncBackendTransaction: ...
+
+
 for _protocol in (
+    AsyncBackendTransaction,
+    AsyncTransactional,
     AsyncAcquireWithCheckpoint,
     AsyncRenewMany,
     AsyncReleaseMany,
@@ -183,6 +218,7 @@ class AsyncCapabilities:
     watch_releases: AsyncReleaseWatching | None
     release_many: AsyncReleaseMany | None = None
     survey: AsyncSurvey | None = None
+    transaction: AsyncTransactional | None = None
 
     @classmethod
     def of(cls, backend: object) -> AsyncCapabilities:
@@ -201,4 +237,5 @@ class AsyncCapabilities:
             cast(AsyncReleaseWatching, backend) if offered("watch_releases") else None,
             cast(AsyncReleaseMany, backend) if offered("release_many") else None,
             cast(AsyncSurvey, backend) if offered("survey") else None,
+            cast(AsyncTransactional, backend) if offered("transaction") else None,
         )

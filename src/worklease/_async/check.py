@@ -34,11 +34,12 @@ from .._check import (
     judge_pooler,
     judge_replication,
     judge_timeouts,
+    missing_fence,
     missing_sequence,
     missing_table,
     seconds_setting,
 )
-from .._pg import SEQUENCE, TABLE
+from .._pg import FENCE, SEQUENCE, TABLE
 from .listener import AsyncReleaseListener
 from .watch import AsyncReleaseHub
 
@@ -137,6 +138,10 @@ async def _schema(conn: _Conn, schema: str | None) -> CheckFinding:
         found = await _one(conn, b"SELECT to_regclass(%s)::oid", (sequence.as_string(conn),))
         if found is None:
             return missing_sequence()
+        fence = sql.Identifier(schema, FENCE) if schema else sql.Identifier(FENCE)
+        signature = fence.as_string(conn) + "(text, bigint)"
+        if await _one(conn, b"SELECT to_regprocedure(%s)::oid", (signature,)) is None:
+            return missing_fence()
     return finding
 
 

@@ -53,6 +53,7 @@ from ..errors import (
     InvalidExitModeError,
     LeaseExpiredError,
     LeaseHeldError,
+    LeaseLapsedError,
     LeaseLostError,
 )
 from .backend import (
@@ -1099,6 +1100,84 @@ class AsyncBackendConformance:
         assert (await survey([], "nothing/")).free == ()
         fresh = await backend.acquire("s-never", "holder-e", self.NORMAL_TTL)
         assert (await backend.read_checkpoint(fresh)).prev_exit is ExitMode.NONE
+
+    # -- Extra: the optional transactional steps -----------------------------------------------
+
+    async def _commit_step(
+        self, backend: AsyncBackend, token: Token, state: bytes | None, write: bool = True
+    ) -> None:
+        step = self.optional(backend, "transaction")(token)
+        await step.begin(self.NORMAL_TTL)
+        await step.commit(state, write, self.NORMAL_TTL)
+
+    async def test_transaction_commits_the_staged_checkpoint_and_extends(
+        self, backend: AsyncBackend
+    ) -> None:
+        """Extra: a step's commit writes its checkpoint and extends the lease; without a
+        staged checkpoint it keeps the stored one; a lease revived by nothing stays held."""
+        token = await backend.acquire("t1", "h", self.NORMAL_TTL)
+        await self._commit_step(backend, token, b"step 1")
+        assert (await backend.read_checkpoint(token)).state == b"step 1"
+        await self._commit_step(backend, token, None, write=False)
+        assert (await backend.read_checkpoint(token)).state == b"step 1"
+        await self._commit_step(backend, token, None)  # staged None clears it
+        assert (await backend.read_checkpoint(token)).state is None
+        with pytest.raises(LeaseHeldError):
+            await backend.acquire("t1", "h2", self.NORMAL_TTL)
+
+    async def test_transaction_rollback_writes_nothing(self, backend: AsyncBackend) -> None:
+        """Extra: a step rolled back leaves the checkpoint as it was."""
+        token = await backend.acquire("t1", "h", self.NORMAL_TTL)
+        await backend.checkpoint(token, b"before", self.NORMAL_TTL)
+        step = self.optional(backend, "transaction")(token)
+        await step.begin(self.NORMAL_TTL)
+        await step.rollback()
+        await step.rollback()  # idempotent
+        assert (await backend.read_checkpoint(token)).state == b"before"
+
+    async def test_transaction_of_a_stale_token_is_fenced(self, backend: AsyncBackend) -> None:
+        """Extra: a step of a superseded token raises FencedError and writes nothing."""
+        token = await backend.acquire("t1", "h", self.NORMAL_TTL)
+        with pytest.raises(FencedError):
+            await self._commit_step(backend, self.stale(token), b"zombie")
+        with pytest.raises(FencedError):
+            await self._commit_step(backend, self.NEVER, b"zombie")
+        assert (await backend.read_checkpoint(token)).state is None
+
+    async def test_transaction_of_a_lapsed_lease_fails_and_revives_nothing(
+        self, backend: AsyncBackend
+    ) -> None:
+        """Extra: unlike ``checkpoint``, a step never revives a lapsed lease: it raises
+        LeaseLapsedError (a LeaseExpiredError), writes nothing, and anybody may take over."""
+        token = await backend.acquire("t1", "h", self.EXPIRED_TTL)
+        with pytest.raises(LeaseLapsedError):
+            await self._commit_step(backend, token, b"late")
+        successor = await backend.acquire("t1", "h2", self.NORMAL_TTL)
+        assert (await backend.read_checkpoint(successor)).state is None
+
+    async def test_transaction_after_release_is_expired(self, backend: AsyncBackend) -> None:
+        """Extra: a step after its holder released raises LeaseExpiredError, not a lapse."""
+        token = await backend.acquire("t1", "h", self.NORMAL_TTL)
+        await backend.checkpoint(token, b"final", self.NORMAL_TTL)
+        await backend.release(token, ExitMode.FINISHED)
+        with pytest.raises(LeaseExpiredError) as caught:
+            await self._commit_step(backend, token, b"after")
+        assert not isinstance(caught.value, LeaseLapsedError)
+        assert (await backend.read_checkpoint(token)).state == b"final"
+
+    async def test_transaction_superseded_while_open_does_not_commit(
+        self, backend: AsyncBackend
+    ) -> None:
+        """Extra: a successor granted the work ID while a step of the old token is open
+        keeps its own checkpoint; the old step's commit raises FencedError."""
+        token = await backend.acquire("t1", "h", self.EXPIRED_TTL)
+        step = self.optional(backend, "transaction")(token)
+        await step.begin(self.NORMAL_TTL)
+        successor = await backend.acquire("t1", "h2", self.NORMAL_TTL)
+        await backend.checkpoint(successor, b"successor", self.NORMAL_TTL)
+        with pytest.raises(FencedError):
+            await step.commit(b"zombie", True, self.NORMAL_TTL)
+        assert (await backend.read_checkpoint(successor)).state == b"successor"
 
     # -- Extra: durations, flags and the optional capabilities ----------------------------------
 

@@ -15,6 +15,7 @@ from .._window import fresh
 from ..errors import FencedError, LeaseShedError, Retire
 from .backend import StateLike
 from .renewal import AsyncRenewal
+from .transaction import AsyncLeaseTransaction
 
 __all__ = ["AsyncHold", "HoldingLease", "finish"]
 
@@ -29,6 +30,8 @@ class HoldingLease(Protocol):
     async def read_checkpoint(self, token: Token) -> Checkpoint: ...
 
     async def checkpoint(self, token: Token, state: StateLike | None) -> None: ...
+
+    def transaction(self, token: Token) -> AsyncLeaseTransaction: ...
 
     async def release(self, token: Token, mode: ExitMode | str) -> None: ...
 
@@ -115,6 +118,10 @@ class AsyncHold:
     async def checkpoint(self, state: StateLike | None) -> None:
         """Write a progress checkpoint (and extend the lease) with the held token."""
         await self._lease.checkpoint(self.token, state)
+
+    def transaction(self) -> AsyncLeaseTransaction:
+        """A transactional step with the held token (see ``lease.transaction``)."""
+        return self._lease.transaction(self.token)
 
     def finish_with(self, state: StateLike | None) -> None:
         """Write ``state`` as the final checkpoint when the block exits normally, right before

@@ -35,6 +35,7 @@ from ..observers import LeaseObserver
 from .backend import AsyncBackend, AsyncCapabilities, StateLike
 from .hold import AsyncHold
 from .renewal import AsyncRenewal, AsyncRenewals
+from .transaction import AsyncLeaseTransaction
 from .watch import AsyncReleaseWatch, open_release_watch
 
 __all__ = ["AsyncLease"]
@@ -317,6 +318,28 @@ class AsyncLease:
         with self._report.checkpoint(token, state_size(state)) as call, bounded_by(deadline):
             await self._backend.checkpoint(token, data, self._ttl)
             seal.extend(call.start, self._ttl)
+
+    def transaction(self, token: Token) -> AsyncLeaseTransaction:
+        """A transactional step: your own writes and the step's checkpoint commit together,
+        only while ``token`` is the current grant (see ``AsyncLeaseTransaction``)::
+
+            with lease.transaction(token) as tx:
+                tx.connection.execute("INSERT INTO invoices ...")
+                tx.checkpoint(b"invoice 42 done")
+
+        ``TypeError`` when the backend has no transactions (the PostgreSQL and memory
+        backends have them).
+        """
+        capability = self._capabilities.transaction
+        if capability is None:
+            raise TypeError(
+                f"{type(self._backend).__name__} has no transaction(): transactional steps "
+                "need a backend that offers them (PostgreSQL, memory)"
+            )
+        seal = self._writable(token)
+        return AsyncLeaseTransaction(
+            capability.transaction(token), token, seal, self._ttl, self._report
+        )
 
     async def renew(self, token: Token) -> None:
         """Extend the lease by the TTL without touching the checkpoint.

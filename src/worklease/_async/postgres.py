@@ -15,7 +15,7 @@ from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
 from .._acompat import ACancelGuard, ThreadLock
 from .._deadline import seconds_left
-from .._failures import closed, fenced
+from .._failures import closed, commit_unknown, fenced, lease_lapsed
 from .._fairshare import PoolSurvey
 from .._models import Checkpoint, ExitMode, Token
 from .._pg import (
@@ -37,7 +37,7 @@ from .._validation import (
     non_negative_seconds,
     normalize_state,
 )
-from ..errors import BackendRequiredError, ConfigError, LeaseLostError
+from ..errors import BackendError, BackendRequiredError, ConfigError, LeaseLostError
 from .backend import StateLike
 from .listener import AsyncReleaseListener
 from .watch import AsyncReleaseHub, AsyncReleaseWatch
@@ -412,6 +412,13 @@ class AsyncPostgresBackend:
             listener.start()
         return watch
 
+    def transaction(self, token: Token) -> AsyncPostgresTransaction:
+        """A transactional step on a connection of the application's pool (optional method
+        of the backend protocol; ``lease.transaction(token)`` is the way to use it)."""
+        if self._closed:
+            raise closed("transaction")
+        return AsyncPostgresTransaction(self, token)
+
     async def read_checkpoint(self, token: Token) -> Checkpoint:
         rows, _ = await self._run(
             "read_checkpoint", self._statements.read_checkpoint, {"work_id": token.work_id}
@@ -513,6 +520,113 @@ class AsyncPostgresBackend:
         }
         _, count = await self._run("sweep", self._statements.sweep, params)
         return max(count, 0)
+
+
+class AsyncPostgresTransaction:
+    """One transactional step: a connection checked out of the application's pool for the
+    duration, an explicit READ COMMITTED transaction, the guard and COMMIT at the end."""
+
+    def __init__(self, backend: AsyncPostgresBackend, token: Token) -> None:
+        self._backend = backend
+        self._token = token
+        self._statements = backend._statements
+        self._pool = backend.pool
+        self._conn: AsyncConnection[Any] | None = None
+        self._restore_autocommit = False
+
+    @property
+    def connection(self) -> AsyncConnection[Any]:
+        if self._conn is None:
+            raise RuntimeError("the transaction is not open")
+        return self._conn
+
+    async def begin(self, limit: float | None) -> None:
+        backend = self._backend
+        if backend._closed:
+            raise closed("transaction")
+        await backend.open()
+        try:
+            guard = ACancelGuard()
+            conn = await self._pool.getconn()
+            self._conn = conn
+            guard.check()
+            if not conn.autocommit:  # BEGIN and COMMIT are sent explicitly
+                await conn.set_autocommit(True)
+                self._restore_autocommit = True
+            # 0 = no bound (no renewal window to respect)
+            bound = statement_timeout(limit) if limit is not None else "0"
+            await AsyncClientCursor(conn).execute(self._statements.tx_begin, {"limit": bound})
+        except BaseException as exc:
+            await self._finish(discard=True)
+            if isinstance(exc, psycopg.Error):
+                raise map_error(exc, "transaction") from exc
+            raise
+
+    async def commit(self, state: bytes | None, write: bool, ttl: float) -> None:
+        conn = self.connection
+        params = self._statements.owned(self._token)
+        params.update(write=write, state=state, ttl=Statements.ttl(backend_ttl(ttl)))
+        try:
+            cursor = AsyncClientCursor(conn)
+            await cursor.execute(self._statements.tx_guard, params)
+            guarded = cursor.rowcount == 1
+        except BaseException as exc:
+            await self.rollback()
+            if isinstance(exc, psycopg.Error):
+                # Nothing was committed. Often the lease is why (the server ended a step that
+                # outlived the TTL): say so, rather than the driver's words.
+                loss = await self._loss()
+                if loss is not None:
+                    raise loss from exc
+                raise map_error(exc, "transaction") from exc
+            raise
+        if not guarded:
+            await self.rollback()
+            raise await self._loss() or lease_lapsed(self._token, "transaction")
+        try:
+            await AsyncClientCursor(conn).execute(b"COMMIT")
+        except BaseException as exc:
+            if conn.closed or conn.broken or not isinstance(exc, psycopg.Error):
+                # Lost (or abandoned) during COMMIT: the server may have committed.
+                await self._finish(discard=True)
+                raise commit_unknown(self._token, exc) from exc
+            await self._finish(discard=False)  # the server refused: rolled back
+            raise map_error(exc, "transaction") from exc
+        await self._finish(discard=False)
+
+    async def _loss(self) -> LeaseLostError | None:
+        """Why the token can no longer commit, read on another connection (``None`` when it
+        still could, or when that cannot be read either)."""
+        try:
+            rows, _ = await self._backend._run(
+                "transaction", self._statements.tx_status, self._statements.owned(self._token)
+            )
+        except BackendError:
+            return None
+        return Statements.step_loss(rows, self._token)
+
+    async def rollback(self) -> None:
+        conn = self._conn
+        if conn is None:
+            return
+        discard = True
+        if not conn.closed and not conn.broken:
+            try:
+                await AsyncClientCursor(conn).execute(b"ROLLBACK")
+                discard = False
+            except psycopg.Error:
+                pass
+        await self._finish(discard=discard)
+
+    async def _finish(self, *, discard: bool) -> None:
+        conn, self._conn = self._conn, None
+        if conn is None:
+            return
+        if discard and not conn.closed:
+            await conn.close()
+        if self._restore_autocommit and not conn.closed:
+            await conn.set_autocommit(False)
+        await self._pool.putconn(conn)
 
 
 async def _run_direct(

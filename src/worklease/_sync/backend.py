@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol, cast, runtime_checkable
+from typing import Any, Protocol, cast, runtime_checkable
 
 from .._fairshare import PoolSurvey
 from .._models import Checkpoint, ExitMode, Token
@@ -158,7 +158,42 @@ class AcquireMany(Protocol):
     ) -> list[tuple[Token, Checkpoint]]: ...
 
 
+class BackendTransaction(Protocol):
+    """One transactional step of a backend (from ``transaction(token)``): ``begin``, then the
+    caller's statements on ``connection``, then ``commit`` or ``rollback``, once each."""
+
+    @property
+    def connection(self) -> Any:
+        """What the caller's statements run on (PostgreSQL: the psycopg connection inside
+        the transaction; the memory backend: ``None``)."""
+        ...
+
+    def begin(self, limit: float | None) -> None:
+        """Open the transaction; ``limit`` (seconds) bounds it server-side when given."""
+        ...
+
+    def commit(self, state: bytes | None, write: bool, ttl: float) -> None:
+        """Write ``state`` (when ``write``) and extend the lease by ``ttl`` only while the
+        token is the current, unlapsed grant, then commit; otherwise roll back and raise the
+        loss. A commit whose outcome is unknown raises a non-transient ``BackendError``."""
+        ...
+
+    def rollback(self) -> None:
+        """Undo everything since ``begin`` (idempotent, never raises for a lost
+        connection)."""
+        ...
+
+
+@runtime_checkable
+class Transactional(Protocol):
+    """Runs a step's own writes and its checkpoint in one transaction fenced by the lease."""
+
+    def transaction(self, token: Token) -> BackendTransaction: ...
+
+
 for _protocol in (
+    BackendTransaction,
+    Transactional,
     AcquireWithCheckpoint,
     RenewMany,
     ReleaseMany,
@@ -184,6 +219,7 @@ class Capabilities:
     watch_releases: ReleaseWatching | None
     release_many: ReleaseMany | None = None
     survey: Survey | None = None
+    transaction: Transactional | None = None
 
     @classmethod
     def of(cls, backend: object) -> Capabilities:
@@ -200,4 +236,5 @@ class Capabilities:
             cast(ReleaseWatching, backend) if offered("watch_releases") else None,
             cast(ReleaseMany, backend) if offered("release_many") else None,
             cast(Survey, backend) if offered("survey") else None,
+            cast(Transactional, backend) if offered("transaction") else None,
         )

@@ -56,6 +56,7 @@ from ..errors import (
     InvalidExitModeError,
     LeaseExpiredError,
     LeaseHeldError,
+    LeaseLapsedError,
     LeaseLostError,
 )
 from .backend import (
@@ -1094,6 +1095,80 @@ class BackendConformance:
         assert (survey([], "nothing/")).free == ()
         fresh = backend.acquire("s-never", "holder-e", self.NORMAL_TTL)
         assert (backend.read_checkpoint(fresh)).prev_exit is ExitMode.NONE
+
+    # -- Extra: the optional transactional steps -----------------------------------------------
+
+    def _commit_step(
+        self, backend: Backend, token: Token, state: bytes | None, write: bool = True
+    ) -> None:
+        step = self.optional(backend, "transaction")(token)
+        step.begin(self.NORMAL_TTL)
+        step.commit(state, write, self.NORMAL_TTL)
+
+    def test_transaction_commits_the_staged_checkpoint_and_extends(self, backend: Backend) -> None:
+        """Extra: a step's commit writes its checkpoint and extends the lease; without a
+        staged checkpoint it keeps the stored one; a lease revived by nothing stays held."""
+        token = backend.acquire("t1", "h", self.NORMAL_TTL)
+        self._commit_step(backend, token, b"step 1")
+        assert (backend.read_checkpoint(token)).state == b"step 1"
+        self._commit_step(backend, token, None, write=False)
+        assert (backend.read_checkpoint(token)).state == b"step 1"
+        self._commit_step(backend, token, None)  # staged None clears it
+        assert (backend.read_checkpoint(token)).state is None
+        with pytest.raises(LeaseHeldError):
+            backend.acquire("t1", "h2", self.NORMAL_TTL)
+
+    def test_transaction_rollback_writes_nothing(self, backend: Backend) -> None:
+        """Extra: a step rolled back leaves the checkpoint as it was."""
+        token = backend.acquire("t1", "h", self.NORMAL_TTL)
+        backend.checkpoint(token, b"before", self.NORMAL_TTL)
+        step = self.optional(backend, "transaction")(token)
+        step.begin(self.NORMAL_TTL)
+        step.rollback()
+        step.rollback()  # idempotent
+        assert (backend.read_checkpoint(token)).state == b"before"
+
+    def test_transaction_of_a_stale_token_is_fenced(self, backend: Backend) -> None:
+        """Extra: a step of a superseded token raises FencedError and writes nothing."""
+        token = backend.acquire("t1", "h", self.NORMAL_TTL)
+        with pytest.raises(FencedError):
+            self._commit_step(backend, self.stale(token), b"zombie")
+        with pytest.raises(FencedError):
+            self._commit_step(backend, self.NEVER, b"zombie")
+        assert (backend.read_checkpoint(token)).state is None
+
+    def test_transaction_of_a_lapsed_lease_fails_and_revives_nothing(
+        self, backend: Backend
+    ) -> None:
+        """Extra: unlike ``checkpoint``, a step never revives a lapsed lease: it raises
+        LeaseLapsedError (a LeaseExpiredError), writes nothing, and anybody may take over."""
+        token = backend.acquire("t1", "h", self.EXPIRED_TTL)
+        with pytest.raises(LeaseLapsedError):
+            self._commit_step(backend, token, b"late")
+        successor = backend.acquire("t1", "h2", self.NORMAL_TTL)
+        assert (backend.read_checkpoint(successor)).state is None
+
+    def test_transaction_after_release_is_expired(self, backend: Backend) -> None:
+        """Extra: a step after its holder released raises LeaseExpiredError, not a lapse."""
+        token = backend.acquire("t1", "h", self.NORMAL_TTL)
+        backend.checkpoint(token, b"final", self.NORMAL_TTL)
+        backend.release(token, ExitMode.FINISHED)
+        with pytest.raises(LeaseExpiredError) as caught:
+            self._commit_step(backend, token, b"after")
+        assert not isinstance(caught.value, LeaseLapsedError)
+        assert (backend.read_checkpoint(token)).state == b"final"
+
+    def test_transaction_superseded_while_open_does_not_commit(self, backend: Backend) -> None:
+        """Extra: a successor granted the work ID while a step of the old token is open
+        keeps its own checkpoint; the old step's commit raises FencedError."""
+        token = backend.acquire("t1", "h", self.EXPIRED_TTL)
+        step = self.optional(backend, "transaction")(token)
+        step.begin(self.NORMAL_TTL)
+        successor = backend.acquire("t1", "h2", self.NORMAL_TTL)
+        backend.checkpoint(successor, b"successor", self.NORMAL_TTL)
+        with pytest.raises(FencedError):
+            step.commit(b"zombie", True, self.NORMAL_TTL)
+        assert (backend.read_checkpoint(successor)).state == b"successor"
 
     # -- Extra: durations, flags and the optional capabilities ----------------------------------
 

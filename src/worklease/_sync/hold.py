@@ -18,6 +18,7 @@ from .._window import fresh
 from ..errors import FencedError, LeaseShedError, Retire
 from .backend import StateLike
 from .renewal import Renewal
+from .transaction import LeaseTransaction
 
 __all__ = ["Hold", "HoldingLease", "finish"]
 
@@ -32,6 +33,8 @@ class HoldingLease(Protocol):
     def read_checkpoint(self, token: Token) -> Checkpoint: ...
 
     def checkpoint(self, token: Token, state: StateLike | None) -> None: ...
+
+    def transaction(self, token: Token) -> LeaseTransaction: ...
 
     def release(self, token: Token, mode: ExitMode | str) -> None: ...
 
@@ -118,6 +121,10 @@ class Hold:
     def checkpoint(self, state: StateLike | None) -> None:
         """Write a progress checkpoint (and extend the lease) with the held token."""
         self._lease.checkpoint(self.token, state)
+
+    def transaction(self) -> LeaseTransaction:
+        """A transactional step with the held token (see ``lease.transaction``)."""
+        return self._lease.transaction(self.token)
 
     def finish_with(self, state: StateLike | None) -> None:
         """Write ``state`` as the final checkpoint when the block exits normally, right before

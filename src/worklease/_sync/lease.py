@@ -38,6 +38,7 @@ from ..observers import LeaseObserver
 from .backend import Backend, Capabilities, StateLike
 from .hold import Hold
 from .renewal import Renewal, Renewals
+from .transaction import LeaseTransaction
 from .watch import ReleaseWatch, open_release_watch
 
 __all__ = ["Lease"]
@@ -320,6 +321,26 @@ class Lease:
         with self._report.checkpoint(token, state_size(state)) as call, bounded_by(deadline):
             self._backend.checkpoint(token, data, self._ttl)
             seal.extend(call.start, self._ttl)
+
+    def transaction(self, token: Token) -> LeaseTransaction:
+        """A transactional step: your own writes and the step's checkpoint commit together,
+        only while ``token`` is the current grant (see ``AsyncLeaseTransaction``)::
+
+            with lease.transaction(token) as tx:
+                tx.connection.execute("INSERT INTO invoices ...")
+                tx.checkpoint(b"invoice 42 done")
+
+        ``TypeError`` when the backend has no transactions (the PostgreSQL and memory
+        backends have them).
+        """
+        capability = self._capabilities.transaction
+        if capability is None:
+            raise TypeError(
+                f"{type(self._backend).__name__} has no transaction(): transactional steps "
+                "need a backend that offers them (PostgreSQL, memory)"
+            )
+        seal = self._writable(token)
+        return LeaseTransaction(capability.transaction(token), token, seal, self._ttl, self._report)
 
     def renew(self, token: Token) -> None:
         """Extend the lease by the TTL without touching the checkpoint.

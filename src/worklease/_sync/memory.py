@@ -92,6 +92,13 @@ class MemoryBackend:
     def checkpoint(self, token: Token, state: StateLike | None, ttl: float) -> None:
         self._store.checkpoint(token, state, backend_ttl(ttl))
 
+    def transaction(self, token: Token) -> MemoryTransaction:
+        """A transactional step (optional method of the backend protocol): there is no
+        connection (``connection`` is ``None``); the staged checkpoint is written at the
+        commit with the same fencing as on PostgreSQL (the token must be the current,
+        unlapsed grant), so code under test sees the same outcomes."""
+        return MemoryTransaction(self._store, token)
+
     def renew(self, token: Token, ttl: float) -> None:
         self._store.renew(token, backend_ttl(ttl))
 
@@ -127,3 +134,30 @@ class MemoryBackend:
         tb: TracebackType | None,
     ) -> None:
         self.close()
+
+
+class MemoryTransaction:
+    """A transactional step on the memory backend: nothing to begin or roll back but the
+    staged checkpoint, which the commit writes under the store's lock."""
+
+    def __init__(self, store: MemoryStore, token: Token) -> None:
+        self._store = store
+        self._token = token
+        self._open = False
+
+    @property
+    def connection(self) -> None:
+        return None
+
+    def begin(self, limit: float | None) -> None:
+        self._store.check_open("transaction")
+        self._open = True
+
+    def commit(self, state: bytes | None, write: bool, ttl: float) -> None:
+        if not self._open:
+            raise RuntimeError("the transaction is not open")
+        self._open = False
+        self._store.commit_step(self._token, state, write, backend_ttl(ttl))
+
+    def rollback(self) -> None:
+        self._open = False

@@ -18,7 +18,7 @@ from psycopg_pool import ConnectionPool, PoolTimeout
 
 from .._acompat import CancelGuard, ThreadLock
 from .._deadline import seconds_left
-from .._failures import closed, fenced
+from .._failures import closed, commit_unknown, fenced, lease_lapsed
 from .._fairshare import PoolSurvey
 from .._models import Checkpoint, ExitMode, Token
 from .._pg import (
@@ -40,7 +40,7 @@ from .._validation import (
     non_negative_seconds,
     normalize_state,
 )
-from ..errors import BackendRequiredError, ConfigError, LeaseLostError
+from ..errors import BackendError, BackendRequiredError, ConfigError, LeaseLostError
 from .backend import StateLike
 from .listener import ReleaseListener
 from .watch import ReleaseHub, ReleaseWatch
@@ -409,6 +409,13 @@ class PostgresBackend:
             listener.start()
         return watch
 
+    def transaction(self, token: Token) -> PostgresTransaction:
+        """A transactional step on a connection of the application's pool (optional method
+        of the backend protocol; ``lease.transaction(token)`` is the way to use it)."""
+        if self._closed:
+            raise closed("transaction")
+        return PostgresTransaction(self, token)
+
     def read_checkpoint(self, token: Token) -> Checkpoint:
         rows, _ = self._run(
             "read_checkpoint", self._statements.read_checkpoint, {"work_id": token.work_id}
@@ -508,6 +515,113 @@ class PostgresBackend:
         }
         _, count = self._run("sweep", self._statements.sweep, params)
         return max(count, 0)
+
+
+class PostgresTransaction:
+    """One transactional step: a connection checked out of the application's pool for the
+    duration, an explicit READ COMMITTED transaction, the guard and COMMIT at the end."""
+
+    def __init__(self, backend: PostgresBackend, token: Token) -> None:
+        self._backend = backend
+        self._token = token
+        self._statements = backend._statements
+        self._pool = backend.pool
+        self._conn: Connection[Any] | None = None
+        self._restore_autocommit = False
+
+    @property
+    def connection(self) -> Connection[Any]:
+        if self._conn is None:
+            raise RuntimeError("the transaction is not open")
+        return self._conn
+
+    def begin(self, limit: float | None) -> None:
+        backend = self._backend
+        if backend._closed:
+            raise closed("transaction")
+        backend.open()
+        try:
+            guard = CancelGuard()
+            conn = self._pool.getconn()
+            self._conn = conn
+            guard.check()
+            if not conn.autocommit:  # BEGIN and COMMIT are sent explicitly
+                conn.set_autocommit(True)
+                self._restore_autocommit = True
+            # 0 = no bound (no renewal window to respect)
+            bound = statement_timeout(limit) if limit is not None else "0"
+            ClientCursor(conn).execute(self._statements.tx_begin, {"limit": bound})
+        except BaseException as exc:
+            self._finish(discard=True)
+            if isinstance(exc, psycopg.Error):
+                raise map_error(exc, "transaction") from exc
+            raise
+
+    def commit(self, state: bytes | None, write: bool, ttl: float) -> None:
+        conn = self.connection
+        params = self._statements.owned(self._token)
+        params.update(write=write, state=state, ttl=Statements.ttl(backend_ttl(ttl)))
+        try:
+            cursor = ClientCursor(conn)
+            cursor.execute(self._statements.tx_guard, params)
+            guarded = cursor.rowcount == 1
+        except BaseException as exc:
+            self.rollback()
+            if isinstance(exc, psycopg.Error):
+                # Nothing was committed. Often the lease is why (the server ended a step that
+                # outlived the TTL): say so, rather than the driver's words.
+                loss = self._loss()
+                if loss is not None:
+                    raise loss from exc
+                raise map_error(exc, "transaction") from exc
+            raise
+        if not guarded:
+            self.rollback()
+            raise self._loss() or lease_lapsed(self._token, "transaction")
+        try:
+            ClientCursor(conn).execute(b"COMMIT")
+        except BaseException as exc:
+            if conn.closed or conn.broken or not isinstance(exc, psycopg.Error):
+                # Lost (or abandoned) during COMMIT: the server may have committed.
+                self._finish(discard=True)
+                raise commit_unknown(self._token, exc) from exc
+            self._finish(discard=False)  # the server refused: rolled back
+            raise map_error(exc, "transaction") from exc
+        self._finish(discard=False)
+
+    def _loss(self) -> LeaseLostError | None:
+        """Why the token can no longer commit, read on another connection (``None`` when it
+        still could, or when that cannot be read either)."""
+        try:
+            rows, _ = self._backend._run(
+                "transaction", self._statements.tx_status, self._statements.owned(self._token)
+            )
+        except BackendError:
+            return None
+        return Statements.step_loss(rows, self._token)
+
+    def rollback(self) -> None:
+        conn = self._conn
+        if conn is None:
+            return
+        discard = True
+        if not conn.closed and not conn.broken:
+            try:
+                ClientCursor(conn).execute(b"ROLLBACK")
+                discard = False
+            except psycopg.Error:
+                pass
+        self._finish(discard=discard)
+
+    def _finish(self, *, discard: bool) -> None:
+        conn, self._conn = self._conn, None
+        if conn is None:
+            return
+        if discard and not conn.closed:
+            conn.close()
+        if self._restore_autocommit and not conn.closed:
+            conn.set_autocommit(False)
+        self._pool.putconn(conn)
 
 
 def _run_direct(

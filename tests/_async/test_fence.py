@@ -1,0 +1,107 @@
+"""``worklease_fence(work_id, token)``: the guard for a user's own statements outside
+``lease.transaction()`` (issue 14). The user's statements use plain psycopg, as theirs would."""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+import psycopg
+import pytest
+from psycopg_pool import AsyncConnectionPool
+
+from tests import pg
+from tests._acompat import asleep
+from worklease import AsyncLease, AsyncPostgresBackend, ExitMode
+
+pytestmark = pytest.mark.postgres
+
+INSERT = (
+    b"INSERT INTO worklease_test_fenced (work_id, fencing_token) "
+    b"SELECT %(w)s, %(t)s WHERE worklease_fence(%(w)s, %(t)s)"
+)
+
+
+@pytest.fixture
+def fenced_table(postgres_dsn: str) -> str:
+    pg.reset(postgres_dsn)
+    pg.execute(
+        postgres_dsn,
+        "CREATE TABLE IF NOT EXISTS worklease_test_fenced (work_id TEXT, fencing_token BIGINT)",
+    )
+    pg.execute(postgres_dsn, "TRUNCATE worklease_test_fenced")
+    return postgres_dsn
+
+
+def guarded_insert(dsn: str, work_id: str, token: int) -> int:
+    with psycopg.connect(dsn) as conn:  # a transaction of the user's own
+        inserted = conn.execute(INSERT, {"w": work_id, "t": token}).rowcount
+        conn.commit()
+    return inserted
+
+
+async def open_backend(dsn: str) -> AsyncPostgresBackend:
+    pool: AsyncConnectionPool[Any] = AsyncConnectionPool(dsn, min_size=1, max_size=4, open=False)
+    await pool.open()
+    return AsyncPostgresBackend(pool, listen=False)
+
+
+async def test_the_fence_lets_only_the_current_unlapsed_token_write(fenced_table: str) -> None:
+    backend = await open_backend(fenced_table)
+    try:
+        lease = AsyncLease(backend, holder_id="worker", ttl=30)
+        token = await lease.acquire("job")
+        assert guarded_insert(fenced_table, "job", token.fencing_token) == 1
+        assert guarded_insert(fenced_table, "job", token.fencing_token + 1) == 0  # not issued
+        assert guarded_insert(fenced_table, "other", token.fencing_token) == 0  # no such lease
+        await lease.release(token, ExitMode.FINISHED)
+        assert guarded_insert(fenced_table, "job", token.fencing_token) == 0  # released
+        short = AsyncLease(backend, holder_id="worker", ttl=0.3)
+        lapsing = await short.acquire("job")
+        await asleep(0.5)
+        assert guarded_insert(fenced_table, "job", lapsing.fencing_token) == 0  # lapsed
+        rows = pg.execute(fenced_table, "SELECT fencing_token FROM worklease_test_fenced")
+        assert rows == [(token.fencing_token,)]
+    finally:
+        await backend.close()
+        await backend.pool.close()
+
+
+async def test_a_successor_is_granted_only_after_the_fenced_transaction_ends(
+    fenced_table: str,
+) -> None:
+    backend = await open_backend(fenced_table)
+    try:
+        lease = AsyncLease(backend, holder_id="worker", ttl=1.0)
+        successor = AsyncLease(backend, holder_id="successor", ttl=30)
+        token = await lease.acquire("job")
+        committed: list[float] = []
+        fenced = threading.Event()
+
+        def user_transaction() -> None:
+            with psycopg.connect(fenced_table) as conn:
+                conn.execute(INSERT, {"w": "job", "t": token.fencing_token})
+                fenced.set()
+                time.sleep(1.5)  # the lease lapses while the transaction is still open
+                conn.commit()
+                committed.append(time.monotonic())
+
+        user = threading.Thread(target=user_transaction)
+        user.start()
+        try:
+            while not fenced.is_set():
+                await asleep(0.01)
+            await asleep(1.1)  # lapsed by now; the takeover has to wait for the lock
+            taken = await successor.acquire("job", wait=True, timeout=10)
+            granted = time.monotonic()
+        finally:
+            user.join(10)
+        assert committed
+        assert granted >= committed[0]
+        assert taken.fencing_token > token.fencing_token
+        rows = pg.execute(fenced_table, "SELECT fencing_token FROM worklease_test_fenced")
+        assert rows == [(token.fencing_token,)]  # written under the token that was current
+    finally:
+        await backend.close()
+        await backend.pool.close()

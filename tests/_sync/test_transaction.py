@@ -1,0 +1,281 @@
+# Generated from tests/_async/test_transaction.py by scripts/unasync.py -- do not edit.
+# Change the async source and run "python scripts/unasync.py".
+
+"""Transactional steps (issue 14): the holder's own rows and its checkpoint commit together,
+only while its token is current. On PostgreSQL (direct and behind PgBouncer) the steps
+insert into a table of their own; on the memory backend only the checkpoint is fenced."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from tests import pg
+from tests._acompat import sleep, spawn_all
+from worklease import (
+    Backend,
+    BackendError,
+    ExitMode,
+    FencedError,
+    Lease,
+    LeaseExpiredError,
+    LeaseHeldError,
+    LeaseLapsedError,
+    MemoryBackend,
+    Token,
+)
+
+from .conftest import BACKENDS
+
+EFFECTS = "worklease_test_effects"
+
+
+@pytest.fixture
+def effects(request: pytest.FixtureRequest, backend: Backend) -> Iterator[str | None]:
+    """The direct DSN of the database with an empty user table (None on memory)."""
+    if isinstance(backend, MemoryBackend):
+        yield None
+        return
+    dsn: str = request.getfixturevalue("postgres_dsn")
+    pg.execute(
+        dsn,
+        f"CREATE TABLE IF NOT EXISTS {EFFECTS} "
+        "(work_id TEXT, fencing_token BIGINT, step INT, PRIMARY KEY (work_id, step))",
+    )
+    pg.execute(dsn, f"TRUNCATE {EFFECTS}")
+    yield dsn
+
+
+def write_effect(tx: Any, step: int) -> None:
+    """The step's own row (PostgreSQL), on the transaction's connection."""
+    if tx.connection is None:
+        return
+    tx.connection.execute(
+        f"INSERT INTO {EFFECTS} VALUES (%s, %s, %s)".encode(),
+        (tx.token.work_id, tx.token.fencing_token, step),
+    )
+
+
+def stored_effects(dsn: str | None, work_id: str) -> list[tuple[int, int]]:
+    if dsn is None:
+        return []
+    rows = pg.execute(
+        dsn,
+        f"SELECT fencing_token, step FROM {EFFECTS} WHERE work_id = %s ORDER BY step",
+        (work_id,),
+    )
+    return [(int(token), int(step)) for token, step in rows]
+
+
+def test_rows_and_checkpoint_commit_together(backend: Backend, effects: str | None) -> None:
+    lease = Lease(backend, holder_id="worker", ttl=30)
+    token = lease.acquire("invoices")
+    for step in (1, 2):
+        with lease.transaction(token) as tx:
+            write_effect(tx, step)
+            tx.checkpoint(f"step {step}".encode())
+            assert tx.staged == f"step {step}".encode()
+    assert (lease.read_checkpoint(token)).state == b"step 2"
+    if effects is not None:
+        assert stored_effects(effects, "invoices") == [
+            (token.fencing_token, 1),
+            (token.fencing_token, 2),
+        ]
+    rival = Lease(backend, holder_id="rival", ttl=30)
+    with pytest.raises(LeaseHeldError):
+        rival.acquire("invoices")
+
+
+def test_an_exception_in_the_block_writes_nothing(backend: Backend, effects: str | None) -> None:
+    lease = Lease(backend, holder_id="worker", ttl=30)
+    token = lease.acquire("invoices")
+    lease.checkpoint(token, b"before")
+
+    def failing_step() -> None:
+        with lease.transaction(token) as tx:
+            write_effect(tx, 1)
+            tx.checkpoint(b"never")
+            _ = 1 / 0
+
+    with pytest.raises(ZeroDivisionError):
+        failing_step()
+    assert (lease.read_checkpoint(token)).state == b"before"
+    assert stored_effects(effects, "invoices") == []
+    with lease.transaction(token) as tx:  # the connection went back clean
+        write_effect(tx, 1)
+    assert len(stored_effects(effects, "invoices")) == (0 if effects is None else 1)
+
+
+def test_a_zombie_whose_lease_lapsed_and_was_taken_writes_nothing(
+    backend: Backend, effects: str | None
+) -> None:
+    zombie = Lease(backend, holder_id="zombie", ttl=0.5)
+    successor = Lease(backend, holder_id="successor", ttl=30)
+    token = zombie.acquire("invoices")
+    taken: list[Token] = []
+
+    def zombie_step() -> None:
+        with zombie.transaction(token) as tx:
+            write_effect(tx, 1)
+            tx.checkpoint(b"zombie")
+            sleep(0.8)  # past the TTL (a pause, a GC, a SIGSTOP)
+            taken.append(successor.acquire("invoices"))
+            successor.checkpoint(taken[0], b"successor")
+
+    with pytest.raises(FencedError):
+        zombie_step()
+    assert (successor.read_checkpoint(taken[0])).state == b"successor"
+    assert stored_effects(effects, "invoices") == []
+
+
+def test_a_lapse_nobody_took_still_does_not_commit(backend: Backend, effects: str | None) -> None:
+    lease = Lease(backend, holder_id="worker", ttl=0.5)
+    token = lease.acquire("invoices")
+
+    def late_step() -> None:
+        with lease.transaction(token) as tx:
+            write_effect(tx, 1)
+            tx.checkpoint(b"late")
+            sleep(0.8)
+
+    with pytest.raises(LeaseLapsedError):
+        late_step()
+    assert stored_effects(effects, "invoices") == []
+    assert (lease.read_checkpoint(token)).state is None
+
+
+def test_the_successor_commits_while_the_zombies_transaction_is_open(
+    backend: Backend, effects: str | None
+) -> None:
+    zombie = Lease(backend, holder_id="zombie", ttl=0.5)
+    successor = Lease(backend, holder_id="successor", ttl=30)
+    old = zombie.acquire("invoices")
+    outcome: list[BaseException | None] = []
+    taken: list[Token] = []
+
+    def step(index: int) -> None:
+        if index == 0:  # the zombie: opens its step, stalls past its TTL, tries to commit
+            try:
+                with zombie.transaction(old) as tx:
+                    write_effect(tx, 1)
+                    tx.checkpoint(b"zombie")
+                    while not taken:
+                        sleep(0.05)
+                    sleep(0.3)  # the successor's own step commits meanwhile
+            except BaseException as exc:
+                outcome.append(exc)
+            else:
+                outcome.append(None)
+        else:  # the successor: takes over after the lapse and commits its step at once
+            sleep(0.8)
+            token = successor.acquire("invoices")
+            with successor.transaction(token) as tx:
+                write_effect(tx, 1)
+                tx.checkpoint(b"successor step 1")
+            taken.append(token)
+
+    assert spawn_all(step, 2) == [None, None]
+    assert isinstance(outcome[0], FencedError)
+    (token,) = taken
+    assert (successor.read_checkpoint(token)).state == b"successor step 1"
+    if effects is not None:
+        assert stored_effects(effects, "invoices") == [(token.fencing_token, 1)]
+
+
+def test_the_renewal_keeps_the_lease_through_a_long_transaction(
+    backend: Backend, effects: str | None
+) -> None:
+    lease = Lease(backend, holder_id="worker", ttl=1.5)  # renews every 0.5 s
+    with lease.hold("invoices") as held:
+        interval = held.renewal.interval
+        with held.transaction() as tx:
+            for step in range(1, 5):  # 4 x 0.3 s = 2.4 renewal intervals
+                write_effect(tx, step)
+                sleep(interval * 0.6)
+            tx.checkpoint(b"after a long step")
+        assert not held.renewal.lost
+        rival = Lease(backend, holder_id="rival", ttl=30)
+        with pytest.raises(LeaseHeldError):
+            rival.acquire("invoices")
+        token = held.token
+    assert (lease.read_checkpoint(token)).state == b"after a long step"
+    assert len(stored_effects(effects, "invoices")) == (0 if effects is None else 4)
+
+
+def test_after_release_a_step_is_refused(backend: Backend) -> None:
+    lease = Lease(backend, holder_id="worker", ttl=30)
+    token = lease.acquire("invoices")
+    lease.release(token, ExitMode.FINISHED)
+    with pytest.raises(LeaseExpiredError):
+        with lease.transaction(token) as tx:
+            tx.checkpoint(b"x")
+
+
+def test_a_transaction_object_is_used_once(backend: Backend) -> None:
+    lease = Lease(backend, holder_id="worker", ttl=30)
+    token = lease.acquire("invoices")
+    tx = lease.transaction(token)
+    with tx:
+        pass
+    with pytest.raises(RuntimeError):
+        with tx:
+            pass
+    with pytest.raises(TypeError):
+        tx.checkpoint("not bytes")  # type: ignore[arg-type]
+
+
+_SLOW_COMMIT = """
+CREATE TABLE IF NOT EXISTS worklease_test_slow_commit (x INT);
+CREATE OR REPLACE FUNCTION worklease_test_slow_commit_fn() RETURNS trigger
+    LANGUAGE plpgsql AS 'BEGIN PERFORM pg_sleep(3); RETURN NULL; END';
+DROP TRIGGER IF EXISTS worklease_test_slow_commit_trg ON worklease_test_slow_commit;
+CREATE CONSTRAINT TRIGGER worklease_test_slow_commit_trg AFTER INSERT
+    ON worklease_test_slow_commit DEFERRABLE INITIALLY DEFERRED
+    FOR EACH ROW EXECUTE FUNCTION worklease_test_slow_commit_fn()
+"""
+
+
+@pytest.mark.parametrize(
+    "backend", [p for p in BACKENDS if p.id != "memory"], indirect=True
+)  # a connection to lose
+def test_a_connection_lost_during_commit_is_reported_unknown(
+    backend: Backend, effects: str | None
+) -> None:
+    assert effects is not None
+    for statement in _SLOW_COMMIT.strip().split(";\n"):
+        pg.execute(effects, statement)
+    lease = Lease(backend, holder_id="worker", ttl=30)
+    token = lease.acquire("invoices")
+    pids: list[int] = []
+    caught: list[BaseException] = []
+
+    def step(index: int) -> None:
+        if index == 0:
+            try:
+                with lease.transaction(token) as tx:
+                    cursor = tx.connection.execute(b"SELECT pg_backend_pid()")
+                    pids.append(int((cursor.fetchone())[0]))
+                    # its deferred trigger makes the COMMIT take 3 s
+                    tx.connection.execute(b"INSERT INTO worklease_test_slow_commit VALUES (1)")
+                    tx.checkpoint(b"maybe")
+            except BaseException as exc:
+                caught.append(exc)
+        else:
+            while not pids:
+                sleep(0.02)
+            sleep(1.0)  # inside the COMMIT
+            pg.execute(effects, "SELECT pg_terminate_backend(%s)", (pids[0],))
+
+    assert spawn_all(step, 2) == [None, None]
+    (error,) = caught
+    assert isinstance(error, BackendError)
+    assert error.transient is False
+    assert "unknown" in str(error)
+    # The outcome was in fact a rollback (the server died before committing); the next step
+    # through the same lease works on a fresh connection.
+    assert (lease.read_checkpoint(token)).state is None
+    with lease.transaction(token) as tx:
+        tx.checkpoint(b"next")
+    assert (lease.read_checkpoint(token)).state == b"next"
