@@ -178,3 +178,38 @@ def test_bench_handoff_writes_every_row(postgres_dsn: str, tmp_path: Path) -> No
     database = data["environment"]["database"]
     left = pg.execute(postgres_dsn, "SELECT 1 FROM pg_database WHERE datname = %s", (database,))
     assert left == []
+
+
+TX_SCRIPT = SCRIPT.with_name("bench_transaction.py")
+
+
+def test_bench_transaction_writes_both_flavours(postgres_server: str, tmp_path: Path) -> None:
+    result = subprocess.run(
+        [
+            sys.executable,
+            str(TX_SCRIPT),
+            "--dsn",
+            postgres_server,
+            "--iterations",
+            "20",
+            "--warmup",
+            "2",
+            "--block",
+            "5",
+            "--output",
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr[-4000:]
+    table = (tmp_path / "transaction.md").read_text(encoding="utf-8")
+    assert "| sync |" in table
+    assert "| async |" in table
+    data = json.loads((tmp_path / "transaction.json").read_text(encoding="utf-8"))
+    for flavour in ("sync", "async"):
+        row = data["results"][flavour]
+        assert row["ours"]["n"] == row["floor"]["n"] == 20
+        assert row["ratio"] > 0

@@ -15,7 +15,9 @@ from worklease import (
     AsyncBackend,
     AsyncLease,
     AsyncMemoryBackend,
+    AsyncRunner,
     BackendError,
+    Checkpoint,
     ExitMode,
     FencedError,
     LeaseExpiredError,
@@ -284,3 +286,27 @@ async def test_a_connection_lost_during_commit_is_reported_unknown(
     async with lease.transaction(token) as tx:
         tx.checkpoint(b"next")
     assert (await lease.read_checkpoint(token)).state == b"next"
+
+
+async def test_a_runner_work_function_commits_its_steps_transactionally(
+    backend: AsyncBackend, effects: str | None
+) -> None:
+    lease = AsyncLease(backend, holder_id="worker", ttl=30)
+
+    async def work(token: Token, prior: Checkpoint) -> None:
+        done = int(prior.state or b"0")
+        for step in range(done + 1, 4):
+            async with lease.transaction(token) as tx:
+                await write_effect(tx, step)
+                tx.checkpoint(str(step).encode())
+        return  # keep the last checkpoint the steps wrote
+
+    await AsyncRunner(lease, work).run("batch")
+    await AsyncRunner(lease, work).run("batch")  # resumes after step 3: nothing to do
+    rival = AsyncLease(backend, holder_id="rival", ttl=30)
+    token = await rival.acquire("batch")
+    prior = await rival.read_checkpoint(token)
+    assert prior.state == b"3"
+    assert prior.prev_exit is ExitMode.FINISHED
+    if effects is not None:
+        assert [step for _, step in stored_effects(effects, "batch")] == [1, 2, 3]

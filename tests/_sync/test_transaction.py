@@ -17,6 +17,7 @@ from tests._acompat import sleep, spawn_all
 from worklease import (
     Backend,
     BackendError,
+    Checkpoint,
     ExitMode,
     FencedError,
     Lease,
@@ -24,6 +25,7 @@ from worklease import (
     LeaseHeldError,
     LeaseLapsedError,
     MemoryBackend,
+    Runner,
     Token,
 )
 
@@ -279,3 +281,27 @@ def test_a_connection_lost_during_commit_is_reported_unknown(
     with lease.transaction(token) as tx:
         tx.checkpoint(b"next")
     assert (lease.read_checkpoint(token)).state == b"next"
+
+
+def test_a_runner_work_function_commits_its_steps_transactionally(
+    backend: Backend, effects: str | None
+) -> None:
+    lease = Lease(backend, holder_id="worker", ttl=30)
+
+    def work(token: Token, prior: Checkpoint) -> None:
+        done = int(prior.state or b"0")
+        for step in range(done + 1, 4):
+            with lease.transaction(token) as tx:
+                write_effect(tx, step)
+                tx.checkpoint(str(step).encode())
+        return  # keep the last checkpoint the steps wrote
+
+    Runner(lease, work).run("batch")
+    Runner(lease, work).run("batch")  # resumes after step 3: nothing to do
+    rival = Lease(backend, holder_id="rival", ttl=30)
+    token = rival.acquire("batch")
+    prior = rival.read_checkpoint(token)
+    assert prior.state == b"3"
+    assert prior.prev_exit is ExitMode.FINISHED
+    if effects is not None:
+        assert [step for _, step in stored_effects(effects, "batch")] == [1, 2, 3]
