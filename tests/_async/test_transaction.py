@@ -8,6 +8,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from psycopg_pool import AsyncConnectionPool
 
 from tests import pg
 from tests._acompat import asleep, aspawn_all
@@ -15,6 +16,7 @@ from worklease import (
     AsyncBackend,
     AsyncLease,
     AsyncMemoryBackend,
+    AsyncPostgresBackend,
     AsyncRunner,
     BackendError,
     Checkpoint,
@@ -23,6 +25,7 @@ from worklease import (
     LeaseExpiredError,
     LeaseHeldError,
     LeaseLapsedError,
+    LeaseLostError,
     Token,
 )
 
@@ -310,3 +313,46 @@ async def test_a_runner_work_function_commits_its_steps_transactionally(
     assert prior.prev_exit is ExitMode.FINISHED
     if effects is not None:
         assert [step for _, step in stored_effects(effects, "batch")] == [1, 2, 3]
+
+
+class FailingRenewals(AsyncPostgresBackend):
+    """Renewals fail (as in a network partition) while other statements go through."""
+
+    async def renew(self, token: Token, ttl: float) -> None:
+        raise BackendError("renew: partitioned", transient=True)
+
+    async def renew_many(self, tokens: Any, ttl: float) -> Any:
+        raise BackendError("renew_many: partitioned", transient=True)
+
+
+@pytest.mark.postgres
+async def test_a_step_open_when_the_window_closes_rolls_back(postgres_dsn: str) -> None:
+    """The renewal cannot extend the lease; when its window closes the step is abandoned
+    (asyncio: the block is cancelled; threads: the exit sees the loss) and rolls back."""
+    pg.reset(postgres_dsn)
+    pg.execute(
+        postgres_dsn,
+        f"CREATE TABLE IF NOT EXISTS {EFFECTS} "
+        "(work_id TEXT, fencing_token BIGINT, step INT, PRIMARY KEY (work_id, step))",
+    )
+    pg.execute(postgres_dsn, f"TRUNCATE {EFFECTS}")
+    async with (
+        AsyncConnectionPool(postgres_dsn, min_size=1, max_size=4, open=False) as pool,
+        FailingRenewals(pool, listen=False) as backend,
+    ):
+        lease = AsyncLease(backend, holder_id="worker", ttl=0.8)
+
+        async def step() -> None:
+            async with lease.hold("invoices") as held, held.transaction() as tx:
+                await write_effect(tx, 1)
+                tx.checkpoint(b"never")
+                while not held.renewal.lost:  # asyncio: cancelled here at the loss
+                    await asleep(0.02)
+
+        with pytest.raises(LeaseLostError):
+            await step()
+        assert stored_effects(postgres_dsn, "invoices") == []
+        rows = pg.execute(
+            postgres_dsn, "SELECT checkpoint FROM worklease_leases WHERE work_id = 'invoices'"
+        )
+        assert rows == [(None,)]
