@@ -12,7 +12,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
 from ._duration import format_duration
-from ._pg import FENCE, SEQUENCE, TABLE, _canonical, check_listen_dsn, check_schema_name
+from ._pg import FENCE, INDEX, SEQUENCE, TABLE, _canonical, check_listen_dsn, check_schema_name
 from ._validation import check_ttl
 from .errors import ConfigError
 
@@ -156,7 +156,10 @@ def judge_replication(in_recovery: bool, standbys: list[tuple[str, str | None]])
     )
     if any(mode in ("sync", "quorum") for mode in modes):
         return CheckFinding(
-            "replication", "ok", f"standbys: {described}; checkpoints survive a failover"
+            "replication",
+            "ok",
+            f"standbys: {described}; replication is synchronous, so checkpoints acknowledged "
+            "with synchronous_commit on (or remote_*) survive a failover",
         )
     if all(mode == "unknown" for mode in modes):
         return CheckFinding(
@@ -242,6 +245,10 @@ def missing_sequence() -> CheckFinding:
     return CheckFinding(
         "schema", "fail", f"the {SEQUENCE} sequence is missing: run `worklease migrate`"
     )
+
+
+def missing_index() -> CheckFinding:
+    return CheckFinding("schema", "fail", f"the {INDEX} index is missing: run `worklease migrate`")
 
 
 def missing_fence() -> CheckFinding:

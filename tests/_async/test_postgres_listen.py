@@ -16,6 +16,7 @@ from typing import Any
 import psycopg
 import pytest
 from psycopg import sql
+from psycopg.rows import dict_row
 from psycopg_pool import AsyncConnectionPool
 
 from tests import pg
@@ -255,3 +256,22 @@ async def test_a_waiter_woken_before_the_expiry_still_takes_over_at_the_expiry(
     )
     assert token.holder_id == "successor"
     assert monotonic() - started < PROMPT  # the expiry (1 s), not the poll interval (30 s)
+
+
+async def test_the_listener_works_whatever_the_pools_row_factory(postgres_dsn: str) -> None:
+    """The listener copies the application pool's kwargs; a dict row factory there must not
+    stop it from reading its own checks (it used to retry forever, silently)."""
+    pg.reset(postgres_dsn)
+    pool: AsyncConnectionPool[Any] = AsyncConnectionPool(
+        postgres_dsn, min_size=1, max_size=2, open=False, kwargs={"row_factory": dict_row}
+    )
+    await pool.open()
+    backend = AsyncPostgresBackend(pool)
+    try:
+        other = await open_backend(postgres_dsn)
+        try:
+            await until_delivered(other, backend)
+        finally:
+            await close_backend(other)
+    finally:
+        await close_backend(backend)

@@ -177,9 +177,10 @@ class AsyncBackendTransaction(Protocol):
         loss. A commit whose outcome is unknown raises a non-transient ``BackendError``."""
         ...
 
-    async def rollback(self) -> None:
+    async def rollback(self, *, discard: bool = False) -> None:
         """Undo everything since ``begin`` (idempotent, never raises for a lost
-        connection)."""
+        connection); ``discard``: the step was interrupted, drop its connection rather than
+        wait for an answer."""
         ...
 
 

@@ -35,11 +35,12 @@ from .._check import (
     judge_replication,
     judge_timeouts,
     missing_fence,
+    missing_index,
     missing_sequence,
     missing_table,
     seconds_setting,
 )
-from .._pg import FENCE, SEQUENCE, TABLE
+from .._pg import FENCE, INDEX, SEQUENCE, TABLE
 from .listener import AsyncReleaseListener
 from .watch import AsyncReleaseHub
 
@@ -138,6 +139,9 @@ async def _schema(conn: _Conn, schema: str | None) -> CheckFinding:
         found = await _one(conn, b"SELECT to_regclass(%s)::oid", (sequence.as_string(conn),))
         if found is None:
             return missing_sequence()
+        index = sql.Identifier(schema, INDEX) if schema else sql.Identifier(INDEX)
+        if await _one(conn, b"SELECT to_regclass(%s)::oid", (index.as_string(conn),)) is None:
+            return missing_index()
         fence = sql.Identifier(schema, FENCE) if schema else sql.Identifier(FENCE)
         signature = fence.as_string(conn) + "(text, bigint)"
         if await _one(conn, b"SELECT to_regprocedure(%s)::oid", (signature,)) is None:

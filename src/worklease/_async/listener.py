@@ -14,6 +14,7 @@ from typing import Any
 
 import psycopg
 from psycopg import AsyncClientCursor, AsyncConnection, sql
+from psycopg.rows import tuple_row
 from psycopg_pool import AsyncConnectionPool
 
 from .._acompat import ACancelGuard, AEvent, AWorker, acancel_worker, ajoin_all, aspawn
@@ -290,7 +291,7 @@ async def _run_reporting_pid(conn: AsyncConnection[Any], statement: sql.Composed
     server session runs both, even behind a pooler); the pid."""
     if not conn.autocommit:
         await conn.set_autocommit(True)
-    cursor = AsyncClientCursor(conn)
+    cursor = AsyncClientCursor(conn, row_factory=tuple_row)
     await cursor.execute(statement + sql.SQL("; SELECT pg_backend_pid()"))
     while cursor.nextset():
         pass
@@ -301,7 +302,10 @@ async def _run_reporting_pid(conn: AsyncConnection[Any], statement: sql.Composed
 async def _backend_pid(conn: AsyncConnection[Any]) -> int:
     if not conn.autocommit:
         await conn.set_autocommit(True)
-    cursor = await conn.execute("SELECT pg_backend_pid()")
+    # a client-side cursor (never prepared: PgBouncer) with tuples, whatever the pool's
+    # row factory
+    cursor = AsyncClientCursor(conn, row_factory=tuple_row)
+    await cursor.execute(b"SELECT pg_backend_pid()")
     rows = await cursor.fetchall()
     return int(rows[0][0])
 

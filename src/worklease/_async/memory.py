@@ -158,5 +158,5 @@ class AsyncMemoryTransaction:
         self._open = False
         self._store.commit_step(self._token, state, write, backend_ttl(ttl))
 
-    async def rollback(self) -> None:
+    async def rollback(self, *, discard: bool = False) -> None:
         self._open = False

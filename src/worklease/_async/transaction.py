@@ -97,7 +97,9 @@ class AsyncLeaseTransaction:
         tb: TracebackType | None,
     ) -> None:
         if exc is not None:
-            await self._step.rollback()
+            # Interrupted (cancelled, KeyboardInterrupt): drop the connection rather than
+            # wait for a ROLLBACK's answer; the server aborts the transaction either way.
+            await self._step.rollback(discard=not isinstance(exc, Exception))
             return
         cause = self._seal.lost_cause()
         if cause is not None:  # the renewal lost the lease meanwhile: never commit

@@ -178,9 +178,10 @@ class BackendTransaction(Protocol):
         loss. A commit whose outcome is unknown raises a non-transient ``BackendError``."""
         ...
 
-    def rollback(self) -> None:
+    def rollback(self, *, discard: bool = False) -> None:
         """Undo everything since ``begin`` (idempotent, never raises for a lost
-        connection)."""
+        connection); ``discard``: the step was interrupted, drop its connection rather than
+        wait for an answer."""
         ...
 
 

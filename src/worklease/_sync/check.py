@@ -38,11 +38,12 @@ from .._check import (
     judge_replication,
     judge_timeouts,
     missing_fence,
+    missing_index,
     missing_sequence,
     missing_table,
     seconds_setting,
 )
-from .._pg import FENCE, SEQUENCE, TABLE
+from .._pg import FENCE, INDEX, SEQUENCE, TABLE
 from .listener import ReleaseListener
 from .watch import ReleaseHub
 
@@ -141,6 +142,9 @@ def _schema(conn: _Conn, schema: str | None) -> CheckFinding:
         found = _one(conn, b"SELECT to_regclass(%s)::oid", (sequence.as_string(conn),))
         if found is None:
             return missing_sequence()
+        index = sql.Identifier(schema, INDEX) if schema else sql.Identifier(INDEX)
+        if _one(conn, b"SELECT to_regclass(%s)::oid", (index.as_string(conn),)) is None:
+            return missing_index()
         fence = sql.Identifier(schema, FENCE) if schema else sql.Identifier(FENCE)
         signature = fence.as_string(conn) + "(text, bigint)"
         if _one(conn, b"SELECT to_regprocedure(%s)::oid", (signature,)) is None:

@@ -17,6 +17,7 @@ from typing import Any
 
 import psycopg
 from psycopg import ClientCursor, Connection, sql
+from psycopg.rows import tuple_row
 from psycopg_pool import ConnectionPool
 
 from .._acompat import CancelGuard, Event, Worker, cancel_worker, join_all, spawn
@@ -293,7 +294,7 @@ def _run_reporting_pid(conn: Connection[Any], statement: sql.Composed) -> int:
     server session runs both, even behind a pooler); the pid."""
     if not conn.autocommit:
         conn.set_autocommit(True)
-    cursor = ClientCursor(conn)
+    cursor = ClientCursor(conn, row_factory=tuple_row)
     cursor.execute(statement + sql.SQL("; SELECT pg_backend_pid()"))
     while cursor.nextset():
         pass
@@ -304,7 +305,10 @@ def _run_reporting_pid(conn: Connection[Any], statement: sql.Composed) -> int:
 def _backend_pid(conn: Connection[Any]) -> int:
     if not conn.autocommit:
         conn.set_autocommit(True)
-    cursor = conn.execute("SELECT pg_backend_pid()")
+    # a client-side cursor (never prepared: PgBouncer) with tuples, whatever the pool's
+    # row factory
+    cursor = ClientCursor(conn, row_factory=tuple_row)
+    cursor.execute(b"SELECT pg_backend_pid()")
     rows = cursor.fetchall()
     return int(rows[0][0])
 

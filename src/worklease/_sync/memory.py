@@ -159,5 +159,5 @@ class MemoryTransaction:
         self._open = False
         self._store.commit_step(self._token, state, write, backend_ttl(ttl))
 
-    def rollback(self) -> None:
+    def rollback(self, *, discard: bool = False) -> None:
         self._open = False

@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Sequence
 from datetime import timedelta
 from inspect import isawaitable
@@ -51,6 +52,10 @@ _CURRENT_SCHEMA = b"SET TRANSACTION ISOLATION LEVEL READ COMMITTED; SELECT curre
 
 _RENEWAL_POOL_SIZE = 4
 _BYPASS_AFTER = 0.25
+_DIRECT_SLOTS = 2
+"""How many renewals may run on connections of their own at once (per backend)."""
+_LOSS_READ_TIMEOUT = 5.0
+"""How long a failed step waits for a connection to read why it failed."""
 """How long a renewal waits for the renewal pool before it opens a connection of its own."""
 
 
@@ -105,6 +110,7 @@ class PostgresBackend:
         self._renewal_pool: ConnectionPool[Any] | None = None
         self._renewal_statements: Statements | None = None
         self._lock = ThreadLock()
+        self._direct_in_use = 0
         self._closed = False
         try:
             self._listen = check_flag(listen, "listen")
@@ -302,10 +308,26 @@ class PostgresBackend:
                     # After a failover psycopg_pool reconnects with a delay that starts at
                     # 1 s and doubles; a renewal must not wait for it inside a lease window.
                     rest = None if timeout is None else timeout - _BYPASS_AFTER
-                    return _run_direct(pool, rest, operation, statement, params)
+                    if not self._take_direct_slot():  # enough of them already: wait
+                        return self._run_pooled(pool, rest, operation, statement, params, left)
+                    try:
+                        return _run_direct(pool, rest, operation, statement, params)
+                    finally:
+                        self._give_direct_slot()
             return self._run_pooled(pool, timeout, operation, statement, params, left)
         except psycopg.Error as exc:
             raise map_error(exc, operation) from exc
+
+    def _take_direct_slot(self) -> bool:
+        with self._lock:
+            if self._direct_in_use >= _DIRECT_SLOTS:
+                return False
+            self._direct_in_use += 1
+            return True
+
+    def _give_direct_slot(self) -> None:
+        with self._lock:
+            self._direct_in_use -= 1
 
     def _run_pooled(
         self,
@@ -566,7 +588,7 @@ class PostgresTransaction:
             cursor.execute(self._statements.tx_guard, params)
             guarded = cursor.rowcount == 1
         except BaseException as exc:
-            self.rollback()
+            self.rollback(discard=not isinstance(exc, Exception))
             if isinstance(exc, psycopg.Error):
                 # Nothing was committed. Often the lease is why (the server ended a step that
                 # outlived the TTL): say so, rather than the driver's words.
@@ -581,12 +603,18 @@ class PostgresTransaction:
         try:
             ClientCursor(conn).execute(b"COMMIT")
         except BaseException as exc:
-            if conn.closed or conn.broken or not isinstance(exc, psycopg.Error):
-                # Lost (or abandoned) during COMMIT: the server may have committed.
-                self._finish(discard=True)
+            if isinstance(exc, psycopg.Error) and not (conn.closed or conn.broken):
+                self._finish(discard=False)  # the server refused: rolled back
+                raise map_error(exc, "transaction") from exc
+            # Lost, or interrupted, during COMMIT: the server may have committed.
+            self._finish(discard=True)
+            if isinstance(exc, psycopg.Error):
                 raise commit_unknown(self._token, exc) from exc
-            self._finish(discard=False)  # the server refused: rolled back
-            raise map_error(exc, "transaction") from exc
+            exc.add_note(
+                f"worklease: interrupted during the COMMIT of a step of {self._token.work_id!r}"
+                ": whether it committed is unknown"
+            )
+            raise
         self._finish(discard=False)
 
     def _loss(self) -> LeaseLostError | None:
@@ -594,34 +622,50 @@ class PostgresTransaction:
         still could, or when that cannot be read either)."""
         try:
             rows, _ = self._backend._run(
-                "transaction", self._statements.tx_status, self._statements.owned(self._token)
+                "transaction",
+                self._statements.tx_status,
+                self._statements.owned(self._token),
+                timeout=_LOSS_READ_TIMEOUT,
             )
         except BackendError:
             return None
         return Statements.step_loss(rows, self._token)
 
-    def rollback(self) -> None:
+    def rollback(self, *, discard: bool = False) -> None:
+        """Undo the step and give the connection back (always, even when interrupted).
+        ``discard``: drop the connection instead of sending ROLLBACK (the server aborts the
+        transaction when the session ends): for an interrupted step, where waiting for an
+        answer could hang."""
         conn = self._conn
         if conn is None:
             return
-        discard = True
-        if not conn.closed and not conn.broken:
-            try:
+        drop = True
+        try:
+            if not discard and not conn.closed and not conn.broken:
                 ClientCursor(conn).execute(b"ROLLBACK")
-                discard = False
-            except psycopg.Error:
-                pass
-        self._finish(discard=discard)
+                drop = False
+        except psycopg.Error:
+            pass
+        finally:
+            self._finish(discard=drop)
 
     def _finish(self, *, discard: bool) -> None:
+        """Give the connection back once: clean (autocommit as it was), or dropped so the pool
+        replaces it (the socket is closed here; ``conn.close()`` would itself return the
+        connection on a pool with ``close_returns``)."""
         conn, self._conn = self._conn, None
         if conn is None:
             return
-        if discard and not conn.closed:
-            conn.close()
-        if self._restore_autocommit and not conn.closed:
-            conn.set_autocommit(False)
-        self._pool.putconn(conn)
+        try:
+            if discard or conn.closed or conn.broken:
+                conn.pgconn.finish()
+            elif self._restore_autocommit:
+                conn.set_autocommit(False)
+        except BaseException:
+            conn.pgconn.finish()
+            raise
+        finally:
+            self._pool.putconn(conn)
 
 
 def _run_direct(
@@ -644,8 +688,8 @@ def _run_direct(
         if isawaitable(kwargs):
             kwargs = kwargs
     kwargs = dict(kwargs)
-    if timeout is not None:
-        kwargs["connect_timeout"] = max(round(timeout), 1)
+    if timeout is not None:  # whole seconds, and libpq waits at least 2
+        kwargs["connect_timeout"] = max(math.ceil(timeout), 2)
     conn = pool.connection_class.connect(conninfo or "", **kwargs)
     with conn:
         return run_statement(conn, operation, statement, params)
@@ -670,7 +714,10 @@ def run_statement(
         return rows, cursor.rowcount
     except BaseException as exc:
         if must_discard(exc):
-            conn.close()  # never hand back a connection in an unknown state
+            # Never hand back a connection in an unknown state; closing the socket (not
+            # conn.close(), which a pool with close_returns would take back) lets the pool
+            # see it is gone.
+            conn.pgconn.finish()
         raise
     finally:
         if restore and not conn.closed:
