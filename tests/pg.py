@@ -289,6 +289,34 @@ def pooled_listeners(routed_dsn: str, direct_dsn: str) -> int:
     return got.count("bystander-check")
 
 
+SLOW_COMMIT_TABLE = "worklease_test_slow_commit"
+
+
+def install_slow_commit(dsn: str, seconds: float) -> None:
+    """A table whose rows make the COMMIT that inserted them take ``seconds`` (a deferred
+    constraint trigger sleeps at commit time)."""
+    for statement in (
+        f"CREATE TABLE IF NOT EXISTS {SLOW_COMMIT_TABLE} (x INT)",
+        "CREATE OR REPLACE FUNCTION worklease_test_slow_commit_fn() RETURNS trigger "
+        f"LANGUAGE plpgsql AS 'BEGIN PERFORM pg_sleep({float(seconds)}); RETURN NULL; END'",
+        f"DROP TRIGGER IF EXISTS worklease_test_slow_commit_trg ON {SLOW_COMMIT_TABLE}",
+        "CREATE CONSTRAINT TRIGGER worklease_test_slow_commit_trg AFTER INSERT "
+        f"ON {SLOW_COMMIT_TABLE} DEFERRABLE INITIALLY DEFERRED "
+        "FOR EACH ROW EXECUTE FUNCTION worklease_test_slow_commit_fn()",
+    ):
+        execute(dsn, statement)
+
+
+def committing(dsn: str) -> list[int]:
+    """The server processes of this database busy with a COMMIT right now."""
+    rows = execute(
+        dsn,
+        "SELECT pid FROM pg_stat_activity WHERE datname = current_database() "
+        "AND state = 'active' AND query = 'COMMIT'",
+    )
+    return [int(pid) for (pid,) in rows]
+
+
 def find_pgbouncer() -> str | None:
     """The PgBouncer executable (Debian installs it under /usr/sbin), or ``None``."""
     return shutil.which("pgbouncer") or next(

@@ -21,6 +21,7 @@ from psycopg import sql
 from psycopg.rows import tuple_row
 
 from ._duration import format_duration, glob_to_regex, parse_duration
+from ._failures import first_line
 from ._models import Checkpoint, Token
 from ._pg import TABLE, Rows, Statements, check_schema_name, map_error, schema_sql
 from ._sync.check import check_postgres
@@ -72,16 +73,14 @@ def _migrate(args: argparse.Namespace) -> None:
             else:
                 print(f"created the worklease table, sequence and index in {where}")
     except psycopg.Error as exc:
-        message = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise CommandError(f"migrate failed: {message}") from exc
+        raise CommandError(f"migrate failed: {first_line(exc)}") from exc
 
 
 def _connect(dsn: str) -> psycopg.Connection[tuple[Any, ...]]:
     try:
         return psycopg.connect(dsn, autocommit=True, connect_timeout=10, row_factory=tuple_row)
     except psycopg.Error as exc:
-        message = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise CommandError(f"cannot connect: {message}") from exc
+        raise CommandError(f"cannot connect: {first_line(exc)}") from exc
 
 
 def _query(

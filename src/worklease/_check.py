@@ -75,8 +75,12 @@ def expected_columns() -> dict[str, str]:
     canonical schema file (the one home of the layout)."""
     text = _canonical()
     body = text[text.index(f"TABLE IF NOT EXISTS {TABLE} (") :].split("\n);", 1)[0]
-    names = {"TEXT": "text", "BIGINT": "bigint", "TIMESTAMPTZ": "timestamp with time zone"}
-    names["BYTEA"] = "bytea"
+    names = {
+        "TEXT": "text",
+        "BIGINT": "bigint",
+        "TIMESTAMPTZ": "timestamp with time zone",
+        "BYTEA": "bytea",
+    }
     columns: dict[str, str] = {}
     for line in body.splitlines()[1:]:
         match = re.match(r"\s+([a-z_]+)\s+([A-Z]+)\b", line)
@@ -284,11 +288,6 @@ def judge_listener(name: str, route: str, listening: bool, reason: str | None) -
         "warn",
         f"release notifications do not work through {route} ({reason}); waits fall back to polling",
     )
-
-
-def first_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return text[0] if text else type(exc).__name__
 
 
 TIMEOUT_SETTINGS = (

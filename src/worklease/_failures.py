@@ -13,7 +13,22 @@ from .errors import (
     LeaseLapsedError,
 )
 
-__all__ = ["closed", "commit_unknown", "fenced", "held", "lease_expired", "lease_lapsed"]
+__all__ = [
+    "closed",
+    "commit_unknown",
+    "fenced",
+    "first_line",
+    "held",
+    "lease_expired",
+    "lease_lapsed",
+]
+
+
+def first_line(exc: BaseException) -> str:
+    """The first line of an error's message, or its type's name when it has none (for
+    one-line reports: CLI errors, log lines, check findings)."""
+    text = str(exc).strip().splitlines()
+    return text[0] if text else type(exc).__name__
 
 
 def fenced(token: Token, operation: str) -> FencedError:

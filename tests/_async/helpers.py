@@ -10,6 +10,7 @@ from time import monotonic
 from typing import Any, Protocol
 
 from psycopg import AsyncConnection
+from psycopg_pool import AsyncConnectionPool
 
 from tests._acompat import asleep, aspawn_all
 from worklease import (
@@ -261,3 +262,20 @@ async def lock_waiters(conn: AsyncConnection[Any]) -> int:
     )
     found = await cursor.fetchone()
     return int(found[0]) if found else 0
+
+
+async def open_backend(
+    dsn: str, *, pool_kwargs: dict[str, Any] | None = None, **options: Any
+) -> AsyncPostgresBackend:
+    """A backend on a pool of its own (min 1, max 4 connections; ``pool_kwargs`` go to its
+    connections), opened; ``options`` go to the backend. Close with :func:`close_backend`."""
+    pool: AsyncConnectionPool[Any] = AsyncConnectionPool(
+        dsn, min_size=1, max_size=4, open=False, kwargs=pool_kwargs
+    )
+    await pool.open()
+    return AsyncPostgresBackend(pool, **options)
+
+
+async def close_backend(backend: AsyncPostgresBackend) -> None:
+    await backend.close()
+    await backend.pool.close()

@@ -5,15 +5,15 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Any
 
 import psycopg
 import pytest
-from psycopg_pool import AsyncConnectionPool
 
 from tests import pg
 from tests._acompat import asleep
-from worklease import AsyncLease, AsyncPostgresBackend, ExitMode
+from worklease import AsyncLease, ExitMode
+
+from .helpers import close_backend, open_backend
 
 pytestmark = pytest.mark.postgres
 
@@ -41,14 +41,8 @@ def guarded_insert(dsn: str, work_id: str, token: int) -> int:
     return inserted
 
 
-async def open_backend(dsn: str) -> AsyncPostgresBackend:
-    pool: AsyncConnectionPool[Any] = AsyncConnectionPool(dsn, min_size=1, max_size=4, open=False)
-    await pool.open()
-    return AsyncPostgresBackend(pool, listen=False)
-
-
 async def test_the_fence_lets_only_the_current_unlapsed_token_write(fenced_table: str) -> None:
-    backend = await open_backend(fenced_table)
+    backend = await open_backend(fenced_table, listen=False)
     try:
         lease = AsyncLease(backend, holder_id="worker", ttl=30)
         token = await lease.acquire("job")
@@ -64,44 +58,44 @@ async def test_the_fence_lets_only_the_current_unlapsed_token_write(fenced_table
         rows = pg.execute(fenced_table, "SELECT fencing_token FROM worklease_test_fenced")
         assert rows == [(token.fencing_token,)]
     finally:
-        await backend.close()
-        await backend.pool.close()
+        await close_backend(backend)
 
 
 async def test_a_successor_is_granted_only_after_the_fenced_transaction_ends(
     fenced_table: str,
 ) -> None:
-    backend = await open_backend(fenced_table)
+    backend = await open_backend(fenced_table, listen=False)
     try:
-        lease = AsyncLease(backend, holder_id="worker", ttl=1.0)
+        lease = AsyncLease(backend, holder_id="worker", ttl=2.0)
         successor = AsyncLease(backend, holder_id="successor", ttl=30)
         token = await lease.acquire("job")
-        committed: list[float] = []
+        committing: list[float] = []
         fenced = threading.Event()
 
         def user_transaction() -> None:
             with psycopg.connect(fenced_table) as conn:
-                conn.execute(INSERT, {"w": "job", "t": token.fencing_token})
+                inserted = conn.execute(INSERT, {"w": "job", "t": token.fencing_token})
+                assert inserted.rowcount == 1
                 fenced.set()
-                time.sleep(1.5)  # the lease lapses while the transaction is still open
+                time.sleep(3.0)  # the lease lapses while the transaction is still open
+                committing.append(time.monotonic())  # before: the grant cannot come earlier
                 conn.commit()
-                committed.append(time.monotonic())
 
         user = threading.Thread(target=user_transaction)
         user.start()
         try:
             while not fenced.is_set():
                 await asleep(0.01)
-            await asleep(1.1)  # lapsed by now; the takeover has to wait for the lock
+            await asleep(2.2)  # lapsed by now; the takeover has to wait for the lock
+            asked = time.monotonic()
             taken = await successor.acquire("job", wait=True, timeout=10)
             granted = time.monotonic()
         finally:
             user.join(10)
-        assert committed
-        assert granted >= committed[0]
+        assert committing
+        assert asked < committing[0] <= granted  # it asked, then waited for the COMMIT
         assert taken.fencing_token > token.fencing_token
         rows = pg.execute(fenced_table, "SELECT fencing_token FROM worklease_test_fenced")
         assert rows == [(token.fencing_token,)]  # written under the token that was current
     finally:
-        await backend.close()
-        await backend.pool.close()
+        await close_backend(backend)

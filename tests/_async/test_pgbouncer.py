@@ -22,7 +22,10 @@ from tests import pg
 from tests._acompat import asleep, aspawn_all
 from worklease import AsyncLease, AsyncPostgresBackend, ConfigError, ExitMode, Token
 
-from .helpers import handed_over
+from .helpers import close_backend, handed_over, open_backend
+
+BOUNCED = {"prepare_threshold": None}
+"""The documented setting for an application's own statements behind PgBouncer."""
 
 pytestmark = [pytest.mark.postgres, pytest.mark.pgbouncer]
 
@@ -31,19 +34,6 @@ PROMPT = 5.0
 SETTLE = 20.0
 FALLBACK = "fall back to polling"
 STRAY = "when not linked"  # PgBouncer's log line for a notification on a pooled connection
-
-
-async def open_backend(dsn: str, **options: Any) -> AsyncPostgresBackend:
-    pool: AsyncConnectionPool[Any] = AsyncConnectionPool(
-        dsn, min_size=1, max_size=4, open=False, kwargs={"prepare_threshold": None}
-    )
-    await pool.open()
-    return AsyncPostgresBackend(pool, **options)
-
-
-async def close_backend(backend: AsyncPostgresBackend) -> None:
-    await backend.close()
-    await backend.pool.close()
 
 
 def fallbacks(caplog: pytest.LogCaptureFixture) -> list[logging.LogRecord]:
@@ -70,8 +60,8 @@ async def routed(
 ) -> AsyncIterator[tuple[AsyncPostgresBackend, AsyncPostgresBackend]]:
     """Two backends through the transaction-mode PgBouncer, default settings."""
     pg.reset(postgres_dsn)
-    first = await open_backend(pgbouncer_dsn)
-    second = await open_backend(pgbouncer_dsn)
+    first = await open_backend(pgbouncer_dsn, pool_kwargs=BOUNCED)
+    second = await open_backend(pgbouncer_dsn, pool_kwargs=BOUNCED)
     try:
         yield first, second
     finally:
@@ -128,8 +118,8 @@ async def test_transaction_mode_with_a_direct_listen_dsn_hands_over_at_once(
     postgres_dsn: str, pgbouncer_dsn: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     pg.reset(postgres_dsn)
-    holder_side = await open_backend(pgbouncer_dsn)
-    waiter_side = await open_backend(pgbouncer_dsn, listen_dsn=postgres_dsn)
+    holder_side = await open_backend(pgbouncer_dsn, pool_kwargs=BOUNCED)
+    waiter_side = await open_backend(pgbouncer_dsn, listen_dsn=postgres_dsn, pool_kwargs=BOUNCED)
     try:
         with caplog.at_level(logging.WARNING, logger="worklease"):
             assert await until_settled(waiter_side) is True
@@ -157,8 +147,8 @@ async def test_session_mode_listens_with_default_settings(
 ) -> None:
     pg.reset(postgres_dsn)
     dsn = session_bouncer.route(postgres_dsn)
-    holder_side = await open_backend(dsn)
-    waiter_side = await open_backend(dsn)
+    holder_side = await open_backend(dsn, pool_kwargs=BOUNCED)
+    waiter_side = await open_backend(dsn, pool_kwargs=BOUNCED)
     try:
         with caplog.at_level(logging.WARNING, logger="worklease"):
             assert await until_settled(waiter_side) is True

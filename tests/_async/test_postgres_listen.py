@@ -23,7 +23,7 @@ from tests import pg
 from tests._acompat import asleep
 from worklease import AsyncLease, AsyncPostgresBackend, ExitMode, FencedError
 
-from .helpers import handed_over
+from .helpers import close_backend, handed_over, open_backend
 
 pytestmark = pytest.mark.postgres
 
@@ -46,17 +46,6 @@ WHERE datname = current_database() AND pid <> pg_backend_pid()
 def listener_pids(dsn: str) -> set[int]:
     """The server processes of listener connections on the test database."""
     return {pid for (pid,) in pg.execute(dsn, _LISTENERS)}
-
-
-async def open_backend(dsn: str, **options: Any) -> AsyncPostgresBackend:
-    pool: AsyncConnectionPool[Any] = AsyncConnectionPool(dsn, min_size=1, max_size=4, open=False)
-    await pool.open()
-    return AsyncPostgresBackend(pool, **options)
-
-
-async def close_backend(backend: AsyncPostgresBackend) -> None:
-    await backend.close()
-    await backend.pool.close()
 
 
 @pytest.fixture

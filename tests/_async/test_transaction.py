@@ -34,6 +34,16 @@ from .conftest import BACKENDS
 EFFECTS = "worklease_test_effects"
 
 
+def empty_effects(dsn: str) -> None:
+    """The steps' own table, created if needed and empty."""
+    pg.execute(
+        dsn,
+        f"CREATE TABLE IF NOT EXISTS {EFFECTS} "
+        "(work_id TEXT, fencing_token BIGINT, step INT, PRIMARY KEY (work_id, step))",
+    )
+    pg.execute(dsn, f"TRUNCATE {EFFECTS}")
+
+
 @pytest.fixture
 def effects(request: pytest.FixtureRequest, backend: AsyncBackend) -> Iterator[str | None]:
     """The direct DSN of the database with an empty user table (None on memory)."""
@@ -41,12 +51,7 @@ def effects(request: pytest.FixtureRequest, backend: AsyncBackend) -> Iterator[s
         yield None
         return
     dsn: str = request.getfixturevalue("postgres_dsn")
-    pg.execute(
-        dsn,
-        f"CREATE TABLE IF NOT EXISTS {EFFECTS} "
-        "(work_id TEXT, fencing_token BIGINT, step INT, PRIMARY KEY (work_id, step))",
-    )
-    pg.execute(dsn, f"TRUNCATE {EFFECTS}")
+    empty_effects(dsn)
     yield dsn
 
 
@@ -234,17 +239,6 @@ async def test_a_transaction_object_is_used_once(backend: AsyncBackend) -> None:
         tx.checkpoint("not bytes")  # type: ignore[arg-type]
 
 
-_SLOW_COMMIT = """
-CREATE TABLE IF NOT EXISTS worklease_test_slow_commit (x INT);
-CREATE OR REPLACE FUNCTION worklease_test_slow_commit_fn() RETURNS trigger
-    LANGUAGE plpgsql AS 'BEGIN PERFORM pg_sleep(3); RETURN NULL; END';
-DROP TRIGGER IF EXISTS worklease_test_slow_commit_trg ON worklease_test_slow_commit;
-CREATE CONSTRAINT TRIGGER worklease_test_slow_commit_trg AFTER INSERT
-    ON worklease_test_slow_commit DEFERRABLE INITIALLY DEFERRED
-    FOR EACH ROW EXECUTE FUNCTION worklease_test_slow_commit_fn()
-"""
-
-
 @pytest.mark.parametrize(
     "backend", [p for p in BACKENDS if p.id != "memory"], indirect=True
 )  # a connection to lose
@@ -252,8 +246,7 @@ async def test_a_connection_lost_during_commit_is_reported_unknown(
     backend: AsyncBackend, effects: str | None
 ) -> None:
     assert effects is not None
-    for statement in _SLOW_COMMIT.strip().split(";\n"):
-        pg.execute(effects, statement)
+    pg.install_slow_commit(effects, 3.0)
     lease = AsyncLease(backend, holder_id="worker", ttl=30)
     token = await lease.acquire("invoices")
     pids: list[int] = []
@@ -267,15 +260,14 @@ async def test_a_connection_lost_during_commit_is_reported_unknown(
                     pids.append(int((await cursor.fetchone())[0]))
                     # its deferred trigger makes the COMMIT take 3 s
                     await tx.connection.execute(
-                        b"INSERT INTO worklease_test_slow_commit VALUES (1)"
+                        f"INSERT INTO {pg.SLOW_COMMIT_TABLE} VALUES (1)".encode()
                     )
                     tx.checkpoint(b"maybe")
             except BaseException as exc:
                 caught.append(exc)
         else:
-            while not pids:
+            while not pids or pids[0] not in pg.committing(effects):  # inside the COMMIT
                 await asleep(0.02)
-            await asleep(1.0)  # inside the COMMIT
             pg.execute(effects, "SELECT pg_terminate_backend(%s)", (pids[0],))
 
     assert await aspawn_all(step, 2) == [None, None]
@@ -330,12 +322,7 @@ async def test_a_step_open_when_the_window_closes_rolls_back(postgres_dsn: str) 
     """The renewal cannot extend the lease; when its window closes the step is abandoned
     (asyncio: the block is cancelled; threads: the exit sees the loss) and rolls back."""
     pg.reset(postgres_dsn)
-    pg.execute(
-        postgres_dsn,
-        f"CREATE TABLE IF NOT EXISTS {EFFECTS} "
-        "(work_id TEXT, fencing_token BIGINT, step INT, PRIMARY KEY (work_id, step))",
-    )
-    pg.execute(postgres_dsn, f"TRUNCATE {EFFECTS}")
+    empty_effects(postgres_dsn)
     async with (
         AsyncConnectionPool(postgres_dsn, min_size=1, max_size=4, open=False) as pool,
         FailingRenewals(pool, listen=False) as backend,

@@ -13,6 +13,7 @@ from time import monotonic
 from typing import Any, Protocol
 
 from psycopg import Connection
+from psycopg_pool import ConnectionPool
 
 from tests._acompat import sleep, spawn_all
 from worklease import (
@@ -260,3 +261,20 @@ def lock_waiters(conn: Connection[Any]) -> int:
     )
     found = cursor.fetchone()
     return int(found[0]) if found else 0
+
+
+def open_backend(
+    dsn: str, *, pool_kwargs: dict[str, Any] | None = None, **options: Any
+) -> PostgresBackend:
+    """A backend on a pool of its own (min 1, max 4 connections; ``pool_kwargs`` go to its
+    connections), opened; ``options`` go to the backend. Close with :func:`close_backend`."""
+    pool: ConnectionPool[Any] = ConnectionPool(
+        dsn, min_size=1, max_size=4, open=False, kwargs=pool_kwargs
+    )
+    pool.open()
+    return PostgresBackend(pool, **options)
+
+
+def close_backend(backend: PostgresBackend) -> None:
+    backend.close()
+    backend.pool.close()

@@ -25,7 +25,10 @@ from tests import pg
 from tests._acompat import sleep, spawn_all
 from worklease import ConfigError, ExitMode, Lease, PostgresBackend, Token
 
-from .helpers import handed_over
+from .helpers import close_backend, handed_over, open_backend
+
+BOUNCED = {"prepare_threshold": None}
+"""The documented setting for an application's own statements behind PgBouncer."""
 
 pytestmark = [pytest.mark.postgres, pytest.mark.pgbouncer]
 
@@ -34,19 +37,6 @@ PROMPT = 5.0
 SETTLE = 20.0
 FALLBACK = "fall back to polling"
 STRAY = "when not linked"  # PgBouncer's log line for a notification on a pooled connection
-
-
-def open_backend(dsn: str, **options: Any) -> PostgresBackend:
-    pool: ConnectionPool[Any] = ConnectionPool(
-        dsn, min_size=1, max_size=4, open=False, kwargs={"prepare_threshold": None}
-    )
-    pool.open()
-    return PostgresBackend(pool, **options)
-
-
-def close_backend(backend: PostgresBackend) -> None:
-    backend.close()
-    backend.pool.close()
 
 
 def fallbacks(caplog: pytest.LogCaptureFixture) -> list[logging.LogRecord]:
@@ -73,8 +63,8 @@ def routed(
 ) -> Iterator[tuple[PostgresBackend, PostgresBackend]]:
     """Two backends through the transaction-mode PgBouncer, default settings."""
     pg.reset(postgres_dsn)
-    first = open_backend(pgbouncer_dsn)
-    second = open_backend(pgbouncer_dsn)
+    first = open_backend(pgbouncer_dsn, pool_kwargs=BOUNCED)
+    second = open_backend(pgbouncer_dsn, pool_kwargs=BOUNCED)
     try:
         yield first, second
     finally:
@@ -129,8 +119,8 @@ def test_transaction_mode_with_a_direct_listen_dsn_hands_over_at_once(
     postgres_dsn: str, pgbouncer_dsn: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     pg.reset(postgres_dsn)
-    holder_side = open_backend(pgbouncer_dsn)
-    waiter_side = open_backend(pgbouncer_dsn, listen_dsn=postgres_dsn)
+    holder_side = open_backend(pgbouncer_dsn, pool_kwargs=BOUNCED)
+    waiter_side = open_backend(pgbouncer_dsn, listen_dsn=postgres_dsn, pool_kwargs=BOUNCED)
     try:
         with caplog.at_level(logging.WARNING, logger="worklease"):
             assert until_settled(waiter_side) is True
@@ -158,8 +148,8 @@ def test_session_mode_listens_with_default_settings(
 ) -> None:
     pg.reset(postgres_dsn)
     dsn = session_bouncer.route(postgres_dsn)
-    holder_side = open_backend(dsn)
-    waiter_side = open_backend(dsn)
+    holder_side = open_backend(dsn, pool_kwargs=BOUNCED)
+    waiter_side = open_backend(dsn, pool_kwargs=BOUNCED)
     try:
         with caplog.at_level(logging.WARNING, logger="worklease"):
             assert until_settled(waiter_side) is True

@@ -26,7 +26,7 @@ from tests import pg
 from tests._acompat import sleep
 from worklease import ExitMode, FencedError, Lease, PostgresBackend
 
-from .helpers import handed_over
+from .helpers import close_backend, handed_over, open_backend
 
 pytestmark = pytest.mark.postgres
 
@@ -49,17 +49,6 @@ WHERE datname = current_database() AND pid <> pg_backend_pid()
 def listener_pids(dsn: str) -> set[int]:
     """The server processes of listener connections on the test database."""
     return {pid for (pid,) in pg.execute(dsn, _LISTENERS)}
-
-
-def open_backend(dsn: str, **options: Any) -> PostgresBackend:
-    pool: ConnectionPool[Any] = ConnectionPool(dsn, min_size=1, max_size=4, open=False)
-    pool.open()
-    return PostgresBackend(pool, **options)
-
-
-def close_backend(backend: PostgresBackend) -> None:
-    backend.close()
-    backend.pool.close()
 
 
 @pytest.fixture

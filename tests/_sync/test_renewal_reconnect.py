@@ -59,7 +59,7 @@ def test_a_renewal_after_an_outage_does_not_wait_for_the_pools_backoff(
                 failures.append(exc)
             sleep(0.3)
         # Renewals really were attempted, and failed transiently, during the outage.
-        assert len(failures) >= 10
+        assert len(failures) >= 5
         assert all(exc.transient for exc in failures)
         proxy.restore()
         restored = monotonic()

@@ -15,16 +15,6 @@ from worklease import AsyncLease, AsyncPostgresBackend
 
 pytestmark = pytest.mark.postgres
 
-_SLOW_COMMIT = [
-    "CREATE TABLE IF NOT EXISTS worklease_test_slow_commit (x INT)",
-    "CREATE OR REPLACE FUNCTION worklease_test_slow_commit_fn() RETURNS trigger "
-    "LANGUAGE plpgsql AS 'BEGIN PERFORM pg_sleep(2); RETURN NULL; END'",
-    "DROP TRIGGER IF EXISTS worklease_test_slow_commit_trg ON worklease_test_slow_commit",
-    "CREATE CONSTRAINT TRIGGER worklease_test_slow_commit_trg AFTER INSERT "
-    "ON worklease_test_slow_commit DEFERRABLE INITIALLY DEFERRED "
-    "FOR EACH ROW EXECUTE FUNCTION worklease_test_slow_commit_fn()",
-]
-
 
 @pytest.fixture
 async def pool(postgres_dsn: str) -> AsyncIterator[AsyncConnectionPool[Any]]:
@@ -85,21 +75,24 @@ async def test_a_cancelled_step_gives_its_connection_back_and_leaves_nothing_ope
 async def test_a_cancellation_during_commit_stays_a_cancellation(
     pool: AsyncConnectionPool[Any], postgres_dsn: str
 ) -> None:
-    for statement in _SLOW_COMMIT:
-        pg.execute(postgres_dsn, statement)
+    pg.install_slow_commit(postgres_dsn, 2.0)
     backend = AsyncPostgresBackend(pool, listen=False)
     lease = AsyncLease(backend, holder_id="worker", ttl=30)
     token = await lease.acquire("job")
-    committing = asyncio.Event()
 
     async def step() -> None:
         async with lease.transaction(token) as tx:
-            await tx.connection.execute(b"INSERT INTO worklease_test_slow_commit VALUES (1)")
-            committing.set()  # the COMMIT that follows takes 2 s (its deferred trigger)
+            await tx.connection.execute(
+                f"INSERT INTO {pg.SLOW_COMMIT_TABLE} VALUES (1)".encode()
+            )  # the COMMIT that follows takes 2 s (its deferred trigger)
 
     task = asyncio.create_task(step())
-    await committing.wait()
-    await asyncio.sleep(0.5)
+    for _ in range(500):  # until the server is inside that COMMIT
+        if pg.committing(postgres_dsn):
+            break
+        await asyncio.sleep(0.01)
+    else:
+        raise AssertionError("the step never reached its COMMIT")
     task.cancel()
     with pytest.raises(asyncio.CancelledError) as caught:
         await task

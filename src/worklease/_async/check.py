@@ -25,7 +25,6 @@ from .._check import (
     CheckFinding,
     CheckReport,
     check_arguments,
-    first_line,
     judge_clock,
     judge_columns,
     judge_commit,
@@ -40,6 +39,7 @@ from .._check import (
     missing_table,
     seconds_setting,
 )
+from .._failures import first_line
 from .._pg import FENCE, INDEX, SEQUENCE, TABLE
 from .listener import AsyncReleaseListener
 from .watch import AsyncReleaseHub

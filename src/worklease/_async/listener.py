@@ -18,6 +18,7 @@ from psycopg.rows import tuple_row
 from psycopg_pool import AsyncConnectionPool
 
 from .._acompat import ACancelGuard, AEvent, AWorker, acancel_worker, ajoin_all, aspawn
+from .._failures import first_line
 from .._pg import RELEASE_CHANNEL, map_error
 from .._window import Backoff, monotonic
 from .watch import AsyncReleaseHub
@@ -311,5 +312,5 @@ async def _backend_pid(conn: AsyncConnection[Any]) -> int:
 
 
 def _describe(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__
+    line = first_line(exc)
+    return line if line == type(exc).__name__ else f"{type(exc).__name__}: {line}"

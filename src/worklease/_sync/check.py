@@ -28,7 +28,6 @@ from .._check import (
     CheckFinding,
     CheckReport,
     check_arguments,
-    first_line,
     judge_clock,
     judge_columns,
     judge_commit,
@@ -43,6 +42,7 @@ from .._check import (
     missing_table,
     seconds_setting,
 )
+from .._failures import first_line
 from .._pg import FENCE, INDEX, SEQUENCE, TABLE
 from .listener import ReleaseListener
 from .watch import ReleaseHub

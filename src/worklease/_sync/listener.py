@@ -21,6 +21,7 @@ from psycopg.rows import tuple_row
 from psycopg_pool import ConnectionPool
 
 from .._acompat import CancelGuard, Event, Worker, cancel_worker, join_all, spawn
+from .._failures import first_line
 from .._pg import RELEASE_CHANNEL, map_error
 from .._window import Backoff, monotonic
 from .watch import ReleaseHub
@@ -314,5 +315,5 @@ def _backend_pid(conn: Connection[Any]) -> int:
 
 
 def _describe(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__
+    line = first_line(exc)
+    return line if line == type(exc).__name__ else f"{type(exc).__name__}: {line}"
