@@ -1,14 +1,23 @@
 #!/usr/bin/env python
-"""Lease operations against the raw PostgreSQL floor, side by side, in both flavours.
+"""Lease operations against the hand-written PostgreSQL floor, side by side, in both flavours.
 
-For every lease operation (acquire, read_checkpoint, checkpoint, renew, release) and a full
-Runner cycle (acquire, read, checkpoint, release), in the sync and the asyncio flavour, this
-measures worklease and "the floor": the very statement worklease sends (same SQL text, same
-parameters) executed with plain psycopg through a ``ClientCursor`` on a connection taken from
-the same pool, in autocommit mode. Worklease and floor iterations alternate in blocks so that
-drift (other load on the machine, cache warm-up, autovacuum) hits both sides alike. It also
-compares acquire + release with ``pals`` (PostgreSQL advisory locks) when that is installed,
-and reports the in-memory backend's cost per operation.
+For every lease operation (acquire, read_checkpoint, checkpoint, renew, release), acquire +
+release, and a full Runner cycle (acquire, read, checkpoint, release), in the sync and the
+asyncio flavour, this measures four sides on connections of one pool, in autocommit mode:
+
+- worklease as it ships (``prepare=True``: prepared statements);
+- worklease in its PgBouncer-compatible mode (``prepare=False``: simple protocol);
+- **the floor**: what a user writes by hand: a plain upsert / select / guarded update on the
+  same table, sent with ``conn.execute`` and psycopg's defaults (server-side parameters, a
+  plan prepared after five executions);
+- the same-text floor: the very statement worklease's simple mode sends (same SQL text, same
+  parameters) through a plain ``ClientCursor``, so the protocol's cost is visible.
+
+The sides alternate in blocks (the order rotates) so that drift (other load on the machine,
+cache warm-up, autovacuum) hits all alike. Ratios divide by the floor. It also measures
+acquire + release with ``pals`` (PostgreSQL advisory locks, which write nothing durable) when
+that is installed, as a reference row without a target, and the in-memory backend's cost per
+operation.
 
 Results go to ``benchmarks/results/`` (``ops.md``, ``ops.json``, ``ops.png``). The run uses a
 fresh database ``worklease_bench_<random>`` on the server of ``--dsn`` and drops it at the end.
@@ -60,10 +69,17 @@ LOCAL_DSN = "host=127.0.0.1 port=5432 user=postgres dbname=postgres connect_time
 RESULTS = Path(__file__).resolve().parent / "results"
 
 OPERATIONS = ("acquire", "read_checkpoint", "checkpoint", "renew", "release")
+ACQUIRE_RELEASE = "acquire+release"
 RUNNER = "runner cycle"
 PALS = "acquire+release vs pals"
 FLAVOURS = ("sync", "async")
-TARGETS = {**dict.fromkeys(OPERATIONS, 1.15), RUNNER: 1.2, PALS: 0.7}
+TARGETS: dict[str, float | None] = {
+    **dict.fromkeys(OPERATIONS, 1.10),
+    ACQUIRE_RELEASE: 1.10,
+    RUNNER: 1.15,
+    PALS: None,  # a reference: advisory locks write nothing durable
+}
+ORDER = (*OPERATIONS, ACQUIRE_RELEASE, RUNNER, PALS)
 # The statements a Runner cycle needs (issue 7): an acquire that returns the prior checkpoint,
 # so the read right after it costs nothing, then the final checkpoint and the release.
 RUNNER_FLOOR = ("acquire", "checkpoint", "release")
@@ -114,27 +130,36 @@ class Stats:
 
 @dataclass
 class Comparison:
-    """One table row: worklease against its floor (raw psycopg) or against pals."""
+    """One table row: worklease (both modes) against the hand-written floor and the
+    same-text floor, or against pals."""
 
     operation: str
     flavour: str
     baseline: str
-    target: float
+    target: float | None
     worklease: Stats | None = None
     floor: Stats | None = None
+    simple_mode: Stats | None = None
+    same_text: Stats | None = None
     note: str = ""
     samples_ns: dict[str, list[int]] | None = None
 
     @property
     def ratio(self) -> float | None:
-        if self.worklease is None or self.floor is None:
-            return None
-        return self.worklease.median_us / self.floor.median_us
+        return _ratio(self.worklease, self.floor)
+
+    @property
+    def simple_mode_ratio(self) -> float | None:
+        return _ratio(self.simple_mode, self.floor)
 
     @property
     def passed(self) -> bool | None:
         ratio = self.ratio
-        return None if ratio is None else ratio <= self.target
+        return None if ratio is None or self.target is None else ratio <= self.target
+
+
+def _ratio(ours: Stats | None, floor: Stats | None) -> float | None:
+    return None if ours is None or floor is None else ours.median_us / floor.median_us
 
 
 @dataclass
@@ -156,10 +181,9 @@ class Report:
     runtime_s: float = 0.0
 
     def ordered(self) -> list[Comparison]:
-        order = [*OPERATIONS, RUNNER, PALS]
         return sorted(
             self.comparisons,
-            key=lambda c: (order.index(c.operation), FLAVOURS.index(c.flavour)),
+            key=lambda c: (ORDER.index(c.operation), FLAVOURS.index(c.flavour)),
         )
 
 
@@ -188,34 +212,35 @@ def _schedule(n: int, block: int) -> Iterator[tuple[int, bool]]:
         index += 1
 
 
-def compare(cfg: Config, n: int, ours: Step, floor: Step) -> tuple[list[int], list[int]]:
+def compare(cfg: Config, n: int, steps: Sequence[Step]) -> list[list[int]]:
+    """Timings of each step, in blocks whose order rotates (every side goes first as often)."""
     for _ in range(cfg.warmup):
-        ours()
-        floor()
+        for step in steps:
+            step()
     gc.collect()
-    mine: list[int] = []
-    base: list[int] = []
-    for size, ours_first in _schedule(n, cfg.block):
-        order = ((ours, mine), (floor, base)) if ours_first else ((floor, base), (ours, mine))
-        for step, out in order:
+    out: list[list[int]] = [[] for _ in steps]
+    for index, (size, _) in enumerate(_schedule(n, cfg.block)):
+        for k in range(len(steps)):
+            side = (index + k) % len(steps)
+            step, samples = steps[side], out[side]
             for _ in range(size):
-                out.append(step())
-    return mine, base
+                samples.append(step())
+    return out
 
 
-async def acompare(cfg: Config, n: int, ours: AStep, floor: AStep) -> tuple[list[int], list[int]]:
+async def acompare(cfg: Config, n: int, steps: Sequence[AStep]) -> list[list[int]]:
     for _ in range(cfg.warmup):
-        await ours()
-        await floor()
+        for step in steps:
+            await step()
     gc.collect()
-    mine: list[int] = []
-    base: list[int] = []
-    for size, ours_first in _schedule(n, cfg.block):
-        order = ((ours, mine), (floor, base)) if ours_first else ((floor, base), (ours, mine))
-        for step, out in order:
+    out: list[list[int]] = [[] for _ in steps]
+    for index, (size, _) in enumerate(_schedule(n, cfg.block)):
+        for k in range(len(steps)):
+            side = (index + k) % len(steps)
+            step, samples = steps[side], out[side]
             for _ in range(size):
-                out.append(await step())
-    return mine, base
+                samples.append(await step())
+    return out
 
 
 def measure(cfg: Config, n: int, step: Step) -> list[int]:
@@ -250,27 +275,30 @@ def atimed(fn: Callable[[], Awaitable[object]]) -> AStep:
     return step
 
 
+SIDES = ("worklease", "simple_mode", "floor", "same_text")
+
+
 def comparison(
     cfg: Config,
     operation: str,
     flavour: str,
-    samples: tuple[list[int], list[int]],
-    baseline: str = "raw psycopg",
+    samples: Sequence[list[int]],
+    baseline: str = "hand-written, psycopg defaults",
 ) -> Comparison:
-    mine, base = samples
-    return Comparison(
-        operation=operation,
-        flavour=flavour,
-        baseline=baseline,
-        target=TARGETS[operation],
-        worklease=Stats.of(mine),
-        floor=Stats.of(base),
-        samples_ns={"worklease": mine, "floor": base} if cfg.samples else None,
+    """A row from the timings of ``SIDES`` (in that order), or of worklease and pals."""
+    row = Comparison(
+        operation=operation, flavour=flavour, baseline=baseline, target=TARGETS[operation]
     )
+    names = SIDES if len(samples) == len(SIDES) else ("worklease", "floor")
+    for name, series in zip(names, samples, strict=True):
+        setattr(row, name, Stats.of(series))
+    if cfg.samples:
+        row.samples_ns = dict(zip(names, samples, strict=True))
+    return row
 
 
 def iterations_for(cfg: Config, operation: str) -> int:
-    return cfg.runner_iterations if operation in (RUNNER, PALS) else cfg.iterations
+    return cfg.runner_iterations if operation in (RUNNER, PALS, ACQUIRE_RELEASE) else cfg.iterations
 
 
 # -- the floor: worklease's statements through plain psycopg ------------------------------------
@@ -288,12 +316,40 @@ class Texts:
 
     @classmethod
     def render(cls, statements: Statements, renewal: Statements, conn: AdaptContext) -> Texts:
+        """The simple-protocol texts of worklease's simple mode (a renewal is bounded)."""
         return cls(
             acquire=statements.acquire,
             read_checkpoint=statements.read_checkpoint,
             checkpoint=statements.checkpoint,
-            renew=renewal.renew,
+            renew=renewal.bounded(renewal.renew),
             release=statements.release,
+        )
+
+    @classmethod
+    def hand(cls) -> Texts:
+        """What a user writes by hand for the same jobs on the same table: a plain upsert
+        taking over an expired row, a select, and updates guarded by the fencing token."""
+        return cls(
+            acquire=b"""INSERT INTO worklease_leases AS l
+    (work_id, holder_id, expires_at, fencing_token)
+VALUES (%(work_id)s, %(holder_id)s, now() + %(ttl)s, nextval('worklease_fencing_seq'))
+ON CONFLICT (work_id) DO UPDATE SET holder_id = EXCLUDED.holder_id,
+    fencing_token = EXCLUDED.fencing_token, expires_at = EXCLUDED.expires_at,
+    exit_mode = NULL
+WHERE l.expires_at < now()
+RETURNING true, fencing_token""",
+            read_checkpoint=b"""SELECT fencing_token, checkpoint FROM worklease_leases
+WHERE work_id = %(work_id)s""",
+            checkpoint=b"""UPDATE worklease_leases
+SET checkpoint = %(state)s, expires_at = now() + %(ttl)s
+WHERE work_id = %(work_id)s AND fencing_token = %(token)s AND exit_mode IS NULL
+RETURNING true""",
+            renew=b"""UPDATE worklease_leases SET expires_at = now() + %(ttl)s
+WHERE work_id = %(work_id)s AND fencing_token = %(token)s AND expires_at > now()
+RETURNING true""",
+            release=b"""UPDATE worklease_leases SET exit_mode = %(mode)s, expires_at = now()
+WHERE work_id = %(work_id)s AND fencing_token = %(token)s AND expires_at > now()
+RETURNING true""",
         )
 
 
@@ -343,15 +399,20 @@ class SyncFloor:
         renewal_pool: ConnectionPool[Any],
         texts: Texts,
         params: Params,
+        *,
+        simple: bool,
     ) -> None:
         self.pool = pool
         self.renewal_pool = renewal_pool
         self.texts = texts
         self.params = params
+        self.simple = simple
 
-    @staticmethod
-    def run(pool: ConnectionPool[Any], query: bytes, params: dict[str, Any]) -> Rows:
+    def run(self, pool: ConnectionPool[Any], query: bytes, params: dict[str, Any]) -> Rows:
         with pool.connection() as conn:
+            if not self.simple:  # psycopg's defaults
+                rows: Rows = conn.execute(query, params).fetchall()
+                return rows
             cursor = ClientCursor(conn)
             cursor.execute(query, params)
             while cursor.nextset():
@@ -385,15 +446,22 @@ class AsyncFloor:
         renewal_pool: AsyncConnectionPool[Any],
         texts: Texts,
         params: Params,
+        *,
+        simple: bool,
     ) -> None:
         self.pool = pool
         self.renewal_pool = renewal_pool
         self.texts = texts
         self.params = params
+        self.simple = simple
 
-    @staticmethod
-    async def run(pool: AsyncConnectionPool[Any], query: bytes, params: dict[str, Any]) -> Rows:
+    async def run(
+        self, pool: AsyncConnectionPool[Any], query: bytes, params: dict[str, Any]
+    ) -> Rows:
         async with pool.connection() as conn:
+            if not self.simple:  # psycopg's defaults
+                found: Rows = await (await conn.execute(query, params)).fetchall()
+                return found
             cursor = AsyncClientCursor(conn)
             await cursor.execute(query, params)
             while cursor.nextset():
@@ -449,7 +517,7 @@ def lease_step(
         yield release
     elif operation == RUNNER:
         yield timed(lambda: runner.run(work_id))
-    elif operation == PALS:
+    elif operation in (PALS, ACQUIRE_RELEASE):
 
         def acquire_release() -> int:
             start = perf_counter_ns()
@@ -499,7 +567,7 @@ async def alease_step(
         yield release
     elif operation == RUNNER:
         yield atimed(lambda: runner.run(work_id))
-    elif operation == PALS:
+    elif operation in (PALS, ACQUIRE_RELEASE):
 
         async def acquire_release() -> int:
             start = perf_counter_ns()
@@ -545,6 +613,14 @@ def floor_step(operation: str, floor: SyncFloor, work_id: str) -> Iterator[Step]
             return perf_counter_ns() - start
 
         yield release
+    elif operation == ACQUIRE_RELEASE:
+
+        def acquire_release() -> int:
+            start = perf_counter_ns()
+            floor.release(work_id, floor.acquire(work_id))
+            return perf_counter_ns() - start
+
+        yield acquire_release
     elif operation == RUNNER:
 
         def cycle() -> int:
@@ -593,6 +669,14 @@ async def afloor_step(operation: str, floor: AsyncFloor, work_id: str) -> AsyncI
             return perf_counter_ns() - start
 
         yield release
+    elif operation == ACQUIRE_RELEASE:
+
+        async def acquire_release() -> int:
+            start = perf_counter_ns()
+            await floor.release(work_id, await floor.acquire(work_id))
+            return perf_counter_ns() - start
+
+        yield acquire_release
     elif operation == RUNNER:
 
         async def cycle() -> int:
@@ -673,27 +757,41 @@ def bench_sync(cfg: Config, dsn: str, report: Report, locker: Any | str) -> None
     )
     pool.open(wait=True)
     backend = PostgresBackend(pool)
+    simple_backend = PostgresBackend(pool, prepare=False)
     try:
         lease = Lease(backend, holder_id=f"bench-{flavour}", ttl=cfg.ttl)
         runner = Runner(lease, _sync_work(cfg.state))
+        simple_lease = Lease(simple_backend, holder_id=f"bench-{flavour}", ttl=cfg.ttl)
+        simple_runner = Runner(simple_lease, _sync_work(cfg.state))
         _renewal_target_sync(backend, lease, work_id(flavour, "probe", "worklease"))
+        _renewal_target_sync(simple_backend, simple_lease, work_id(flavour, "probe", "simple"))
         # Private attributes, read only: renewals go through the backend's own small pool and
-        # (once the schema is known) schema-qualified statements; the floor uses the same.
+        # (once the schema is known) schema-qualified statements; the floors use the same.
         renewal_pool = backend._renewal_pool or pool
         renewal = backend._renewal_statements or backend._statements
         with pool.connection() as conn:
             texts = Texts.render(backend._statements, renewal, conn)
-        floor = SyncFloor(pool, renewal_pool, texts, Params(lease.holder_id, cfg.ttl, cfg.state))
+        params = Params(lease.holder_id, cfg.ttl, cfg.state)
+        floor = SyncFloor(pool, renewal_pool, Texts.hand(), params, simple=False)
+        same_text = SyncFloor(pool, renewal_pool, texts, params, simple=True)
 
-        for operation in (*OPERATIONS, RUNNER):
+        for operation in (*OPERATIONS, ACQUIRE_RELEASE, RUNNER):
             _progress(f"  {flavour} {operation}")
             with (
                 lease_step(
                     operation, lease, runner, work_id(flavour, operation, "worklease"), cfg.state
                 ) as ours,
+                lease_step(
+                    operation,
+                    simple_lease,
+                    simple_runner,
+                    work_id(flavour, operation, "simple"),
+                    cfg.state,
+                ) as simple,
                 floor_step(operation, floor, work_id(flavour, operation, "floor")) as base,
+                floor_step(operation, same_text, work_id(flavour, operation, "same")) as same,
             ):
-                samples = compare(cfg, iterations_for(cfg, operation), ours, base)
+                samples = compare(cfg, iterations_for(cfg, operation), (ours, simple, base, same))
             report.comparisons.append(comparison(cfg, operation, flavour, samples))
 
         report.statements_per_runner_cycle[flavour] = {
@@ -711,9 +809,10 @@ def bench_sync(cfg: Config, dsn: str, report: Report, locker: Any | str) -> None
                 PALS, lease, runner, work_id(flavour, "pals", "worklease"), cfg.state
             ) as ours:
                 theirs = pals_step(locker, work_id(flavour, "pals", "pals"))
-                samples = compare(cfg, iterations_for(cfg, PALS), ours, theirs)
+                samples = compare(cfg, iterations_for(cfg, PALS), (ours, theirs))
             report.comparisons.append(comparison(cfg, PALS, flavour, samples, baseline="pals"))
     finally:
+        simple_backend.close()
         backend.close()
         pool.close()
 
@@ -734,27 +833,43 @@ async def bench_async(cfg: Config, dsn: str, report: Report, locker: Any | str) 
     )
     await pool.open(wait=True)
     backend = AsyncPostgresBackend(pool)
+    simple_backend = AsyncPostgresBackend(pool, prepare=False)
     try:
         lease = AsyncLease(backend, holder_id=f"bench-{flavour}", ttl=cfg.ttl)
         runner = AsyncRunner(lease, _async_work(cfg.state))
-        probe = await lease.acquire(work_id(flavour, "probe", "worklease"))
-        await lease.renew(probe)
-        await lease.release(probe, ExitMode.FINISHED)
+        simple_lease = AsyncLease(simple_backend, holder_id=f"bench-{flavour}", ttl=cfg.ttl)
+        simple_runner = AsyncRunner(simple_lease, _async_work(cfg.state))
+        for probe_lease, side in ((lease, "worklease"), (simple_lease, "simple")):
+            probe = await probe_lease.acquire(work_id(flavour, "probe", side))
+            await probe_lease.renew(probe)
+            await probe_lease.release(probe, ExitMode.FINISHED)
         renewal_pool = backend._renewal_pool or pool
         renewal = backend._renewal_statements or backend._statements
         async with pool.connection() as conn:
             texts = Texts.render(backend._statements, renewal, conn)
-        floor = AsyncFloor(pool, renewal_pool, texts, Params(lease.holder_id, cfg.ttl, cfg.state))
+        params = Params(lease.holder_id, cfg.ttl, cfg.state)
+        floor = AsyncFloor(pool, renewal_pool, Texts.hand(), params, simple=False)
+        same_text = AsyncFloor(pool, renewal_pool, texts, params, simple=True)
 
-        for operation in (*OPERATIONS, RUNNER):
+        for operation in (*OPERATIONS, ACQUIRE_RELEASE, RUNNER):
             _progress(f"  {flavour} {operation}")
             async with (
                 alease_step(
                     operation, lease, runner, work_id(flavour, operation, "worklease"), cfg.state
                 ) as ours,
+                alease_step(
+                    operation,
+                    simple_lease,
+                    simple_runner,
+                    work_id(flavour, operation, "simple"),
+                    cfg.state,
+                ) as simple,
                 afloor_step(operation, floor, work_id(flavour, operation, "floor")) as base,
+                afloor_step(operation, same_text, work_id(flavour, operation, "same")) as same,
             ):
-                samples = await acompare(cfg, iterations_for(cfg, operation), ours, base)
+                samples = await acompare(
+                    cfg, iterations_for(cfg, operation), (ours, simple, base, same)
+                )
             report.comparisons.append(comparison(cfg, operation, flavour, samples))
 
         pool.pop_stats()
@@ -776,9 +891,10 @@ async def bench_async(cfg: Config, dsn: str, report: Report, locker: Any | str) 
             async with alease_step(
                 PALS, lease, runner, work_id(flavour, "pals", "worklease"), cfg.state
             ) as ours:
-                samples = await acompare(cfg, iterations_for(cfg, PALS), ours, theirs)
+                samples = await acompare(cfg, iterations_for(cfg, PALS), (ours, theirs))
             report.comparisons.append(comparison(cfg, PALS, flavour, samples, baseline="pals"))
     finally:
+        await simple_backend.close()
         await backend.close()
         await pool.close()
 
@@ -789,7 +905,7 @@ async def bench_async(cfg: Config, dsn: str, report: Report, locker: Any | str) 
 def bench_memory_sync(cfg: Config, report: Report) -> None:
     lease = Lease(MemoryBackend(), holder_id="bench-memory", ttl=cfg.ttl)
     runner = Runner(lease, _sync_work(cfg.state))
-    for operation in (*OPERATIONS, RUNNER):
+    for operation in (*OPERATIONS, ACQUIRE_RELEASE, RUNNER):
         with lease_step(
             operation, lease, runner, work_id("sync", operation, "memory"), cfg.state
         ) as step:
@@ -800,7 +916,7 @@ def bench_memory_sync(cfg: Config, report: Report) -> None:
 async def bench_memory_async(cfg: Config, report: Report) -> None:
     lease = AsyncLease(AsyncMemoryBackend(), holder_id="bench-memory", ttl=cfg.ttl)
     runner = AsyncRunner(lease, _async_work(cfg.state))
-    for operation in (*OPERATIONS, RUNNER):
+    for operation in (*OPERATIONS, ACQUIRE_RELEASE, RUNNER):
         async with alease_step(
             operation, lease, runner, work_id("async", operation, "memory"), cfg.state
         ) as step:
@@ -880,7 +996,7 @@ def _us(value: float) -> str:
 def render_markdown(report: Report) -> str:
     env, settings = report.environment, report.settings
     lines = [
-        "# worklease lease operations against the raw PostgreSQL floor",
+        "# worklease lease operations against the hand-written PostgreSQL floor",
         "",
         f"Run {env.get('started_at', '?')}: PostgreSQL {env.get('postgresql', '?')} on "
         f"{env.get('host', '?')}, Python {env.get('python', '?')}, "
@@ -892,28 +1008,37 @@ def render_markdown(report: Report) -> str:
         f"{settings['warmup']} warm-up, alternating blocks of {settings['block']}; "
         f"checkpoint state {settings['state_bytes']} bytes. Runtime {report.runtime_s:.1f} s.",
         "",
-        "Times in µs. Ratio = worklease median / floor median. The floor is the same statement "
-        "(same SQL text and parameters) sent with a plain psycopg `ClientCursor` on a connection "
-        "from the same pool; for the Runner cycle it is acquire + checkpoint + release in a "
-        "row; for the pals row the floor columns hold pals' acquire + release.",
+        "Times in µs, median / p99. **worklease**: as shipped (`prepare=True`). **simple "
+        "mode**: `prepare=False`, the PgBouncer-compatible mode. **floor**: the same job "
+        "written by hand (plain upsert, select or token-guarded update on the same table) "
+        "with `conn.execute` and psycopg's defaults. **same text**: the statement worklease's "
+        "simple mode sends, through a plain `ClientCursor`. All on connections of one pool. "
+        "Ratio = median / floor median. For the Runner cycle the floors run acquire + "
+        "checkpoint + release in a row; in the pals row the floor column holds pals' acquire "
+        "+ release (a reference: advisory locks write nothing durable; no target).",
         "",
-        "| operation | flavour | worklease median | worklease p99 | floor median | floor p99 "
-        "| ratio | target | result |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---|",
+        "| operation | flavour | worklease | simple mode | floor | same text "
+        "| ratio | simple-mode ratio | target | result |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
+
+    def cell(stats: Stats | None) -> str:
+        return "-" if stats is None else f"{_us(stats.median_us)} / {_us(stats.p99_us)}"
+
+    def fraction(value: float | None) -> str:
+        return "-" if value is None else f"{value:.2f}"
+
     for row in report.ordered():
-        target = f"≤ {row.target:.2f}"
-        if row.worklease is None or row.floor is None or row.ratio is None:
-            lines.append(
-                f"| {row.operation} | {row.flavour} | - | - | - | - | - | {target} "
-                f"| {row.note or 'not measured'} |"
-            )
-            continue
+        target = "reference" if row.target is None else f"≤ {row.target:.2f}"
+        if row.worklease is None or row.floor is None:
+            result = row.note or "not measured"
+        else:
+            result = "-" if row.passed is None else ("pass" if row.passed else "FAIL")
         lines.append(
-            f"| {row.operation} | {row.flavour} | {_us(row.worklease.median_us)} "
-            f"| {_us(row.worklease.p99_us)} | {_us(row.floor.median_us)} "
-            f"| {_us(row.floor.p99_us)} | {row.ratio:.2f} | {target} "
-            f"| {'pass' if row.passed else 'FAIL'} |"
+            f"| {row.operation} | {row.flavour} | {cell(row.worklease)} "
+            f"| {cell(row.simple_mode)} | {cell(row.floor)} | {cell(row.same_text)} "
+            f"| {fraction(row.ratio)} | {fraction(row.simple_mode_ratio)} | {target} "
+            f"| {result} |"
         )
     counts = report.statements_per_runner_cycle
     if counts:
@@ -935,7 +1060,7 @@ def render_markdown(report: Report) -> str:
             "| operation | flavour | median | p99 |",
             "|---|---|---:|---:|",
         ]
-        order = [*OPERATIONS, RUNNER]
+        order = [*OPERATIONS, ACQUIRE_RELEASE, RUNNER]
         for m in sorted(
             report.memory,
             key=lambda m: (order.index(m.operation), FLAVOURS.index(m.flavour)),
@@ -962,10 +1087,10 @@ def render_json(report: Report) -> dict[str, Any]:
             "baseline": row.baseline,
             "target": row.target,
             "ratio": row.ratio,
+            "simple_mode_ratio": row.simple_mode_ratio,
             "passed": row.passed,
             "note": row.note,
-            "worklease": asdict(row.worklease) if row.worklease else None,
-            "floor": asdict(row.floor) if row.floor else None,
+            **{name: asdict(stats) if (stats := getattr(row, name)) else None for name in SIDES},
         }
         if row.samples_ns is not None:
             item["samples_ns"] = row.samples_ns
@@ -992,7 +1117,7 @@ def render_chart(report: Report, path: Path) -> str | None:
     matplotlib.use("Agg")
     plt = importlib.import_module("matplotlib.pyplot")
 
-    groups = [*OPERATIONS, RUNNER, PALS]
+    groups = list(ORDER)
     ratios = {(row.operation, row.flavour): row.ratio for row in report.comparisons}
     width = 0.38
     fig, ax = plt.subplots(figsize=(11, 5.5), dpi=120)
@@ -1010,8 +1135,11 @@ def render_chart(report: Report, path: Path) -> str | None:
             zorder=3,
         )
     for i, group in enumerate(groups):
+        goal = TARGETS[group]
+        if goal is None:
+            continue
         ax.hlines(
-            TARGETS[group],
+            goal,
             i - 0.48,
             i + 0.48,
             colors="#C44E52",
@@ -1022,8 +1150,8 @@ def render_chart(report: Report, path: Path) -> str | None:
             ax.text(i, 0.05, "n/a", ha="center", fontsize=8)
     ax.axhline(1.0, color="#888888", linewidth=0.8)
     ax.set_xticks(range(len(groups)), [g.replace(" vs ", "\nvs ") for g in groups], fontsize=9)
-    ax.set_ylabel("median ratio (worklease / floor; last group: / pals)")
-    ax.set_title("worklease vs raw psycopg floor (lower is better; dashed: target)")
+    ax.set_ylabel("median ratio (worklease / hand-written floor; last group: / pals)")
+    ax.set_title("worklease vs the hand-written psycopg floor (lower is better; dashed: target)")
     ax.legend(loc="upper left")
     ax.set_ylim(0, max([1.3, *[r * 1.15 for r in ratios.values() if r is not None]]))
     fig.tight_layout()

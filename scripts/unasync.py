@@ -91,6 +91,7 @@ REPLACEMENTS: dict[str, str] = {
     "AsyncFindAvailable": "FindAvailable",
     "AsyncAcquireMany": "AcquireMany",
     "AsyncReleaseMany": "ReleaseMany",
+    "AsyncCheckpointMany": "CheckpointMany",
     "AsyncSurvey": "Survey",
     "AsyncBackendTransaction": "BackendTransaction",
     "AsyncTransactional": "Transactional",
@@ -124,6 +125,7 @@ REPLACEMENTS: dict[str, str] = {
     "_async": "_sync",
     # psycopg and psycopg_pool (import them from the package top level)
     "AsyncClientCursor": "ClientCursor",
+    "AsyncCursor": "Cursor",
     "AsyncConnection": "Connection",
     "AsyncConnectionPool": "ConnectionPool",
     # tests compat (tests._acompat)

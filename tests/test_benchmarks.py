@@ -14,7 +14,15 @@ from tests import pg
 pytestmark = pytest.mark.postgres
 
 SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_ops.py"
-OPERATIONS = ["acquire", "read_checkpoint", "checkpoint", "renew", "release", "runner cycle"]
+OPERATIONS = [
+    "acquire",
+    "read_checkpoint",
+    "checkpoint",
+    "renew",
+    "release",
+    "acquire+release",
+    "runner cycle",
+]
 PALS = "acquire+release vs pals"
 
 
@@ -55,12 +63,17 @@ def test_bench_ops_writes_every_row(postgres_dsn: str, tmp_path: Path) -> None:
     for operation in OPERATIONS:
         for flavour in ("sync", "async"):
             row = rows[operation, flavour]
-            assert row["worklease"]["n"] == row["floor"]["n"] > 0
+            sides = ("worklease", "simple_mode", "floor", "same_text")
+            assert len({row[side]["n"] for side in sides}) == 1, row
+            assert row["floor"]["n"] > 0
             assert row["ratio"] is not None
+            assert row["simple_mode_ratio"] is not None
             assert isinstance(row["passed"], bool)
     for flavour in ("sync", "async"):  # pals is optional: numbers or the reason why not
         pals_row = rows[PALS, flavour]
         assert pals_row["ratio"] is not None or "pals" in pals_row["note"]
+        assert pals_row["target"] is None
+        assert pals_row["passed"] is None
     memory = {(m["operation"], m["flavour"]) for m in data["memory"]}
     assert memory == {(op, f) for op in OPERATIONS for f in ("sync", "async")}
     assert set(data["statements_per_runner_cycle"]) == {"sync", "async"}

@@ -15,6 +15,7 @@ from ._async.backend import AsyncAcquireMany as AsyncAcquireMany
 from ._async.backend import AsyncAcquireWithCheckpoint as AsyncAcquireWithCheckpoint
 from ._async.backend import AsyncBackend as AsyncBackend
 from ._async.backend import AsyncBackendTransaction as AsyncBackendTransaction
+from ._async.backend import AsyncCheckpointMany as AsyncCheckpointMany
 from ._async.backend import AsyncFindAvailable as AsyncFindAvailable
 from ._async.backend import AsyncReleaseMany as AsyncReleaseMany
 from ._async.backend import AsyncRenewMany as AsyncRenewMany
@@ -45,6 +46,7 @@ from ._sync.backend import AcquireMany as AcquireMany
 from ._sync.backend import AcquireWithCheckpoint as AcquireWithCheckpoint
 from ._sync.backend import Backend as Backend
 from ._sync.backend import BackendTransaction as BackendTransaction
+from ._sync.backend import CheckpointMany as CheckpointMany
 from ._sync.backend import FindAvailable as FindAvailable
 from ._sync.backend import ReleaseMany as ReleaseMany
 from ._sync.backend import RenewMany as RenewMany
@@ -136,6 +138,7 @@ __all__ = [
     "AsyncMemoryBackend",
     "AsyncPool",
     "AsyncPostgresBackend",
+    "AsyncCheckpointMany",
     "AsyncReleaseMany",
     "AsyncReleaseWatching",
     "AsyncRenewMany",
@@ -193,6 +196,7 @@ __all__ = [
     "PostgresBackend",
     "ReadCheckpointEvent",
     "ReleaseEvent",
+    "CheckpointMany",
     "ReleaseMany",
     "ReleaseWatching",
     "RenewEvent",

@@ -187,6 +187,24 @@ class MemoryStore:
                     outcomes.append(None)
         return outcomes
 
+    def checkpoint_many(
+        self, items: Sequence[tuple[Token, bytes | None]], ttl: float
+    ) -> list[LeaseLostError | None]:
+        """Checkpoint every ``(token, state)`` in one step; per item ``None`` or the error
+        ``checkpoint`` raises (states already normalized)."""
+        distinct_work_ids([token.work_id for token, _ in items])
+        self._open("checkpoint_many")
+        outcomes: list[LeaseLostError | None] = []
+        with self._lock:
+            for token, state in items:
+                try:
+                    self.checkpoint(token, state, ttl)
+                except LeaseLostError as exc:
+                    outcomes.append(exc)
+                else:
+                    outcomes.append(None)
+        return outcomes
+
     def _owned(self, token: Token, operation: str) -> _Row:
         row = self._rows.get(token.work_id)
         if (

@@ -1,10 +1,19 @@
 """PostgreSQL statements, schema text and error mapping shared by both flavours.
 
-Every lease operation is one SQL statement sent in one round trip. It runs in autocommit mode
-as a simple-protocol query whose first command pins the transaction to READ COMMITTED, so a
-database or role defaulting to REPEATABLE READ or SERIALIZABLE cannot turn a contended acquire
-into a serialization failure, at no extra round trip. Parameters are bound client-side by
-psycopg (``ClientCursor``), which quotes them safely; identifiers go through ``psycopg.sql``.
+Every lease operation is one SQL statement sent in one round trip, in autocommit mode, and
+runs READ COMMITTED whatever the database's or role's default (REPEATABLE READ or SERIALIZABLE
+would turn a contended acquire into a serialization failure). Two ways to send it (ADR-0011):
+
+- prepared (the default): the statement alone, with server-side parameters and a plan
+  prepared once per connection, on connections whose default isolation (asked once per
+  connection) is READ COMMITTED; a call with a deadline is bounded by a cancel request
+  (``_cancel_watch``);
+- simple protocol (``prepare=False``, for poolers that cannot keep prepared statements, and
+  any connection with another default isolation): one query whose first command pins the
+  transaction to READ COMMITTED and whose deadline is a ``statement_timeout`` in the same
+  implicit transaction, parameters bound client-side by psycopg (``ClientCursor``).
+
+Identifiers go through ``psycopg.sql``.
 
 Writes that match no row are told apart (fenced vs expired) in the same statement: a sub-select
 reads the row as it was when the statement started. Under a concurrent change the answer can
@@ -14,6 +23,7 @@ only move from "expired" to "fenced", the safe direction.
 from __future__ import annotations
 
 import re
+import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -54,6 +64,39 @@ def statement_timeout(seconds: float) -> str:
     return str(min(max(int(seconds * 1000), 1), _MAX_STATEMENT_TIMEOUT_MS))
 
 
+_SINGLE: dict[bytes, bytes] = {}
+"""Each composed statement's text without the isolation pin: what the prepared path sends."""
+
+
+def _register_single(pinned: bytes, single: bytes) -> bytes:
+    _SINGLE[pinned] = single
+    return pinned
+
+
+def single_statement(statement: bytes) -> bytes | None:
+    """The one-command form of a composed statement, sent prepared on connections that read
+    committed by default (``None``: the statement has none and goes as a simple query)."""
+    return _SINGLE.get(statement)
+
+
+SHOW_ISOLATION = b"SHOW default_transaction_isolation"
+_READ_COMMITTED: weakref.WeakKeyDictionary[Any, bool] = weakref.WeakKeyDictionary()
+"""Per connection: whether a statement sent alone in autocommit runs READ COMMITTED."""
+
+
+def reads_committed(conn: Any) -> bool | None:
+    """What ``learn_isolation`` found for ``conn`` (``None``: not asked yet)."""
+    return _READ_COMMITTED.get(conn)
+
+
+def learn_isolation(conn: Any, rows: Rows) -> bool:
+    """Remember the result of ``SHOW_ISOLATION`` on ``conn`` (asked once per connection):
+    only a connection reading committed may get statements without the isolation pin."""
+    found = bool(rows) and rows[0][0] == "read committed"
+    _READ_COMMITTED[conn] = found
+    return found
+
+
 TABLE = "worklease_leases"
 RELEASE_CHANNEL = "worklease_release"
 """The NOTIFY channel a release or forget announces its work ID on (at commit)."""
@@ -63,6 +106,7 @@ FENCE = "worklease_fence"
 """The SQL function guarding a user's own statements by a lease (schema.sql)."""
 _PIN = "SET TRANSACTION ISOLATION LEVEL READ COMMITTED; "
 _BOUND = "SELECT set_config('statement_timeout', %(statement_timeout)s, true); "
+"""Bounds the statements after it (in the same implicit transaction) server-side."""
 
 TOKEN_TIMELINE_SHIFT = 40
 """Fencing tokens are ``timeline << 40`` plus a sequence value (see ADR-0008)."""
@@ -76,7 +120,6 @@ _TOKEN = (
 higher timeline, so a promoted standby whose sequence lags still issues greater tokens than
 any the old primary issued), the sequence in the low 40 bits. An acquire never issues less
 than the row's token + 1 either (a restore into a new cluster restarts the timeline)."""
-"""Bounds the statements after it (in the same implicit transaction) server-side."""
 _MISSING_SCHEMA_HINT = (
     "the worklease schema is missing ({detail}); create it with "
     "`worklease migrate --dsn DSN` (or PostgresBackend.apply_schema(pool))"
@@ -182,7 +225,8 @@ class Statements:
 
         def build(text: str) -> bytes:
             # Rendered once: composing on every call costs more than a cheap read itself.
-            return (pin + sql.SQL(text).format(table=table, token=token)).as_bytes(None)
+            single = sql.SQL(text).format(table=table, token=token)
+            return _register_single((pin + single).as_bytes(None), single.as_bytes(None))
 
         owned = "work_id = %(work_id)s AND holder_id = %(holder_id)s AND fencing_token = %(token)s"
         # How an acquire takes over an expired or released row: one text for the single and
@@ -257,12 +301,21 @@ ORDER BY w.n"""
         # (changed, expired) pair, as the single operation's. Rows are locked in work_id
         # order; the locking CTE reads each row's latest version, so a row superseded while
         # waiting for its lock drops out (fenced), the safe direction.
-        def per_token(change: str, also_returning: str = "") -> str:
+        def per_token(
+            change: str, *, guard: str = "l.expires_at > now()", state: bool = False
+        ) -> str:
+            # ``state``: a bytea per token too (checkpoint_many), as i.state
+            arrays = "%(work_ids)s::text[], %(holder_ids)s::text[], %(tokens)s::bigint[]"
+            columns = "work_id, holder_id, fencing_token"
+            if state:
+                arrays += ", %(states)s::bytea[]"
+                columns += ", state"
             return (
-                """WITH input AS (
-    SELECT * FROM unnest(%(work_ids)s::text[], %(holder_ids)s::text[], %(tokens)s::bigint[])
-        WITH ORDINALITY AS i(work_id, holder_id, fencing_token, n)
-), locked AS (
+                f"""WITH input AS (
+    SELECT * FROM unnest({arrays})
+        WITH ORDINALITY AS i({columns}, n)
+), locked AS ("""
+                + """
     SELECT l.work_id, l.exit_mode, l.expires_at
     FROM {table} AS l
     JOIN input AS i ON l.work_id = i.work_id AND l.holder_id = i.holder_id
@@ -275,7 +328,9 @@ ORDER BY w.n"""
                 + """
     FROM input AS i
     WHERE l.work_id = i.work_id AND l.holder_id = i.holder_id
-        AND l.fencing_token = i.fencing_token AND l.expires_at > now()
+        AND l.fencing_token = i.fencing_token AND """
+                + guard
+                + """
         AND l.work_id IN (SELECT work_id FROM locked)
     RETURNING l.work_id"""
                 + (
@@ -293,16 +348,21 @@ LEFT JOIN changed AS r ON r.work_id = i.work_id
 ORDER BY i.n"""
             )
 
-        self.renew_many = build(
-            "SELECT set_config('statement_timeout', %(statement_timeout)s, true);\n"
-            + per_token("expires_at = now() + %(ttl)s, updated_at = now()")
-        )
+        self.renew_many = build(per_token("expires_at = now() + %(ttl)s, updated_at = now()"))
         # A release wakes the waiters on its work ID (NOTIFY at commit), as release does.
         self.release_many = build(
             per_token(
                 "exit_mode = %(mode)s, expires_at = now() - interval '1 millisecond', "
-                "updated_at = now()",
-                f", pg_notify('{RELEASE_CHANNEL}', l.work_id)",
+                "updated_at = now()"
+            )
+        )
+        # checkpoint's guard (no exit declared; expiry unchecked: it revives a lapsed lease
+        # nobody took), per token; a row locked but unchanged was released: expired.
+        self.checkpoint_many = build(
+            per_token(
+                "checkpoint = i.state, expires_at = now() + %(ttl)s, updated_at = now()",
+                guard="l.exit_mode IS NULL",
+                state=True,
             )
         )
         # A pool's view of its group in one read: the free work IDs (input order), how many
@@ -325,35 +385,28 @@ FROM {table}
 WHERE starts_with(work_id, %(prefix)s) AND expires_at >= now()
 ORDER BY 1, 6"""
         )
+        # The owned writes: one plain guarded UPDATE each, a row back meaning done (the cost
+        # of the statement a user would write by hand). No row: ``owned_row`` then tells
+        # fenced from expired (see ``written``).
         self.checkpoint = build(
-            f"""WITH written AS (
-    UPDATE {{table}} SET checkpoint = %(state)s, expires_at = now() + %(ttl)s, updated_at = now()
-    WHERE {owned} AND exit_mode IS NULL
-    RETURNING 1
-)
-SELECT EXISTS (SELECT 1 FROM written),
-       (SELECT exit_mode IS NOT NULL FROM {{table}} WHERE {owned})"""
+            f"""UPDATE {{table}}
+SET checkpoint = %(state)s, expires_at = now() + %(ttl)s, updated_at = now()
+WHERE {owned} AND exit_mode IS NULL
+RETURNING true"""
         )
+        # Renewals are bounded by one TTL (see bounded()).
         self.renew = build(
-            f"""SELECT set_config('statement_timeout', %(statement_timeout)s, true);
-WITH renewed AS (
-    UPDATE {{table}} SET expires_at = now() + %(ttl)s, updated_at = now()
-    WHERE {owned} AND expires_at > now()
-    RETURNING 1
-)
-SELECT EXISTS (SELECT 1 FROM renewed),
-       (SELECT exit_mode IS NOT NULL OR expires_at <= now() FROM {{table}} WHERE {owned})"""
+            f"""UPDATE {{table}} SET expires_at = now() + %(ttl)s, updated_at = now()
+WHERE {owned} AND expires_at > now()
+RETURNING true"""
         )
         self.release = build(
-            f"""WITH released AS (
-    UPDATE {{table}}
-    SET exit_mode = %(mode)s, expires_at = now() - interval '1 millisecond', updated_at = now()
-    WHERE {owned} AND expires_at > now()
-    RETURNING pg_notify('{RELEASE_CHANNEL}', work_id)
-)
-SELECT EXISTS (SELECT 1 FROM released),
-       (SELECT exit_mode IS NOT NULL OR expires_at <= now() FROM {{table}} WHERE {owned})"""
+            f"""UPDATE {{table}}
+SET exit_mode = %(mode)s, expires_at = now() - interval '1 millisecond', updated_at = now()
+WHERE {owned} AND expires_at > now()
+RETURNING true, pg_notify('{RELEASE_CHANNEL}', work_id)"""
         )
+        self.owned_row = build(f"SELECT true FROM {{table}} WHERE {owned}")
         # A transactional step (lease.transaction): the user's statements run between these,
         # in one READ COMMITTED transaction bounded server-side by the lease window. The guard
         # runs just before COMMIT: it locks the lease row (a successor's takeover waits for
@@ -450,7 +503,8 @@ ORDER BY work_id"""
 
     def bounded(self, statement: bytes) -> bytes:
         """``statement`` bounded server-side by a ``statement_timeout`` parameter (a call
-        with a deadline: a waiting acquire's timeout, a write inside a lease window)."""
+        with a deadline: a waiting acquire's timeout, a write inside a lease window, a
+        renewal), for the simple protocol."""
         found = self._bounded.get(statement)
         if found is None:
             pin = _PIN.encode()
@@ -482,13 +536,19 @@ ORDER BY work_id"""
         return rows[0][0] if rows else None
 
     @staticmethod
-    def written(rows: list[tuple[Any, ...]], token: Token, operation: str) -> None:
-        done, expired = rows[0] if rows else (False, None)
-        if done:
-            return
-        if expired:
-            raise lease_expired(token, operation, "the lease expired or was released")
-        raise fenced(token, operation)
+    def written(rows: Rows) -> bool:
+        """Whether an owned write (checkpoint, renew, release) changed its row."""
+        return bool(rows)
+
+    @staticmethod
+    def not_written(owned_rows: Rows, token: Token, operation: str) -> LeaseLostError:
+        """Why an owned write changed nothing, from ``owned_row`` read after it: the row
+        still carries this token (so it expired or was released: tokens never return), or
+        it does not (fenced: superseded or forgotten). Read after the write, a concurrent
+        change can only move the answer from expired to fenced, the safe direction."""
+        if owned_rows:
+            return lease_expired(token, operation, "the lease expired or was released")
+        return fenced(token, operation)
 
     @staticmethod
     def step_loss(rows: list[tuple[Any, ...]], token: Token) -> LeaseLostError | None:

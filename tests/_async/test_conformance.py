@@ -42,4 +42,5 @@ async def test_capabilities_of_a_delegating_backend_are_found() -> None:
     assert capabilities.find_available is not None
     assert capabilities.acquire_many is not None
     assert capabilities.watch_releases is not None
+    assert capabilities.checkpoint_many is not None
     assert AsyncCapabilities.of(object()) == AsyncCapabilities(None, None, None, None, None)

@@ -64,6 +64,12 @@ class AsyncBackend(Protocol):
       ``LeaseExpiredError`` that ``renew`` would have raised for it. A failure of the step as a
       whole is raised. Work IDs must be distinct (``ValueError``). Background renewals of one
       lease object use it to renew all their tokens with one statement.
+    - ``checkpoint_many(items, ttl) -> list[LeaseLostError | None]`` checkpoints many leases
+      in one step: ``items`` are ``(token, state)`` pairs with distinct work IDs
+      (``ValueError``), states as ``checkpoint`` takes them (``TypeError`` before any write);
+      per item ``None`` when written, else the error ``checkpoint`` would have raised. A
+      failure of the step as a whole is raised. Concurrent checkpoints through one lease
+      object are grouped into it (group commit).
     - ``find_available(work_ids) -> list[str]`` returns, in input order, the work IDs that
       ``acquire`` would grant now (no row, expired, or released); it writes nothing.
     - ``acquire_many(work_ids, holder_id, ttl) -> list[(Token, Checkpoint)]`` acquires, in one
@@ -122,6 +128,15 @@ class AsyncRenewMany(Protocol):
 
     async def renew_many(
         self, tokens: Sequence[Token], ttl: float
+    ) -> list[LeaseLostError | None]: ...
+
+
+@runtime_checkable
+class AsyncCheckpointMany(Protocol):
+    """Checkpoints many leases in one step; one outcome per item."""
+
+    async def checkpoint_many(
+        self, items: Sequence[tuple[Token, StateLike | None]], ttl: float
     ) -> list[LeaseLostError | None]: ...
 
 
@@ -196,6 +211,7 @@ for _protocol in (
     AsyncTransactional,
     AsyncAcquireWithCheckpoint,
     AsyncRenewMany,
+    AsyncCheckpointMany,
     AsyncReleaseMany,
     AsyncSurvey,
     AsyncFindAvailable,
@@ -220,6 +236,7 @@ class AsyncCapabilities:
     release_many: AsyncReleaseMany | None = None
     survey: AsyncSurvey | None = None
     transaction: AsyncTransactional | None = None
+    checkpoint_many: AsyncCheckpointMany | None = None
 
     @classmethod
     def of(cls, backend: object) -> AsyncCapabilities:
@@ -239,4 +256,5 @@ class AsyncCapabilities:
             cast(AsyncReleaseMany, backend) if offered("release_many") else None,
             cast(AsyncSurvey, backend) if offered("survey") else None,
             cast(AsyncTransactional, backend) if offered("transaction") else None,
+            cast(AsyncCheckpointMany, backend) if offered("checkpoint_many") else None,
         )

@@ -914,6 +914,86 @@ class AsyncBackendConformance:
         await backend.renew(token, self.NORMAL_TTL)
         await backend.renew(other, self.NORMAL_TTL)
 
+    async def test_checkpoint_many_writes_every_state(self, backend: AsyncBackend) -> None:
+        """Extra: checkpoint_many writes each item's own state (empty clears it) and extends
+        each lease, reviving a lapsed one nobody took, as checkpoint does; an empty list
+        writes nothing."""
+        checkpoint_many = self.optional(backend, "checkpoint_many")
+        ids = ["w2", "w1", "w3", *self.AWKWARD_IDS]
+        tokens = [await backend.acquire(work_id, "h", self.NORMAL_TTL) for work_id in ids]
+        lapsed = await backend.acquire("w-lapsed", "h", self.EXPIRED_TTL)
+        for token in tokens:
+            await backend.checkpoint(token, b"before", self.NORMAL_TTL)
+        states: list[bytes | None] = [f"state {i}".encode() for i in range(len(tokens))]
+        states[1] = b""  # clears
+        states[2] = None
+        items = [*zip(tokens, states, strict=True), (lapsed, bytearray(b"revived"))]
+        assert await checkpoint_many(items, self.NORMAL_TTL) == [None] * len(items)
+        assert await checkpoint_many([], self.NORMAL_TTL) == []
+        for token, state in zip(tokens, states, strict=True):
+            assert (await backend.read_checkpoint(token)).state == (state or None)
+        assert (await backend.read_checkpoint(lapsed)).state == b"revived"
+        with pytest.raises(LeaseHeldError):
+            await backend.acquire("w-lapsed", "h2", self.NORMAL_TTL)
+        await backend.renew(lapsed, self.NORMAL_TTL)
+
+    async def test_checkpoint_many_reports_each_failure(self, backend: AsyncBackend) -> None:
+        """Extra: checkpoint_many gives, per item, the error checkpoint would raise (fenced
+        for a superseded, forged or never-acquired token, expired for a released one) and
+        writes the others; nothing is written for a failed item."""
+        checkpoint_many = self.optional(backend, "checkpoint_many")
+        superseded = await backend.acquire("w-superseded", "holder-a", self.EXPIRED_TTL)
+        successor = await backend.acquire("w-superseded", "holder-b", self.NORMAL_TTL)
+        await backend.checkpoint(successor, b"successor", self.NORMAL_TTL)
+        released = await backend.acquire("w-released", "holder-a", self.NORMAL_TTL)
+        await backend.checkpoint(released, b"final", self.NORMAL_TTL)
+        await backend.release(released, ExitMode.FINISHED)
+        real = await backend.acquire("w-forged", "holder-c", self.NORMAL_TTL)
+        forged = dataclasses.replace(real, holder_id="holder-a")
+        good = await backend.acquire("w-good", "holder-a", self.NORMAL_TTL)
+        items = [
+            (good, b"good"),
+            (superseded, b"zombie"),
+            (self.NEVER, b"never"),
+            (released, b"late"),
+            (forged, b"forged"),
+        ]
+        expected: list[type[LeaseLostError] | None] = [
+            None,
+            FencedError,
+            FencedError,
+            LeaseExpiredError,
+            FencedError,
+        ]
+        outcomes = await checkpoint_many(items, self.NORMAL_TTL)
+        assert len(outcomes) == len(items)
+        for (token, _), outcome, kind in zip(items, outcomes, expected, strict=True):
+            if kind is None:
+                assert outcome is None, (token, outcome)
+                continue
+            assert isinstance(outcome, kind), (token, outcome)
+            assert outcome.work_id in (None, token.work_id)
+        assert (await backend.read_checkpoint(good)).state == b"good"
+        assert (await backend.read_checkpoint(successor)).state == b"successor"
+        assert (await backend.read_checkpoint(real)).state is None
+        after = await backend.acquire("w-released", "holder-d", self.NORMAL_TTL)
+        assert await backend.read_checkpoint(after) == Checkpoint(
+            b"final", ExitMode.FINISHED, "holder-a"
+        )
+
+    async def test_checkpoint_many_rejects_bad_input(self, backend: AsyncBackend) -> None:
+        """Extra: checkpoint_many with a work ID listed twice raises ValueError, with a state
+        that is not bytes-like TypeError; either way nothing is written."""
+        checkpoint_many = self.optional(backend, "checkpoint_many")
+        token = await backend.acquire("w1", "h", self.NORMAL_TTL)
+        other = await backend.acquire("w2", "h", self.NORMAL_TTL)
+        with pytest.raises(ValueError):
+            await checkpoint_many([(token, b"a"), (other, b"b"), (token, b"c")], self.NORMAL_TTL)
+        with pytest.raises(TypeError):
+            await checkpoint_many([(token, b"a"), (other, "text")], self.NORMAL_TTL)
+        assert (await backend.read_checkpoint(token)).state is None
+        assert (await backend.read_checkpoint(other)).state is None
+
     # -- Extra: fencing order, exit modes and input validation --------------------------------
 
     async def test_renew_and_checkpoint_check_fencing_before_expiry(

@@ -10,7 +10,7 @@ from typing import Protocol
 from .._fairshare import PoolSurvey
 from .._memory import MemoryStore, RowSnapshot
 from .._models import Checkpoint, ExitMode, Token
-from .._validation import backend_ttl, check_flag, non_negative_seconds
+from .._validation import backend_ttl, check_flag, non_negative_seconds, normalize_state
 from ..errors import ConfigError, LeaseLostError
 from .backend import StateLike
 from .watch import AsyncReleaseHub, AsyncReleaseWatch
@@ -66,6 +66,13 @@ class AsyncMemoryBackend:
     async def renew_many(self, tokens: Sequence[Token], ttl: float) -> list[LeaseLostError | None]:
         """Renew every token in one step (optional method)."""
         return self._store.renew_many(tokens, backend_ttl(ttl))
+
+    async def checkpoint_many(
+        self, items: Sequence[tuple[Token, StateLike | None]], ttl: float
+    ) -> list[LeaseLostError | None]:
+        """Checkpoint every ``(token, state)`` in one step (optional method)."""
+        normalized = [(token, normalize_state(state)) for token, state in items]
+        return self._store.checkpoint_many(normalized, backend_ttl(ttl))
 
     async def release_many(
         self, tokens: Sequence[Token], mode: ExitMode

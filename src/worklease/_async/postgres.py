@@ -10,23 +10,29 @@ from types import TracebackType
 from typing import Any
 
 import psycopg
-from psycopg import AsyncClientCursor, AsyncConnection
+from psycopg import AsyncClientCursor, AsyncConnection, AsyncCursor
+from psycopg import errors as pg_errors
 from psycopg.rows import tuple_row
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
 from .._acompat import ACancelGuard, ThreadLock
+from .._cancel_watch import CancelTicket, watch_statement
 from .._deadline import seconds_left
 from .._failures import closed, commit_unknown, fenced, lease_lapsed
 from .._fairshare import PoolSurvey
 from .._models import Checkpoint, ExitMode, Token
 from .._pg import (
+    SHOW_ISOLATION,
     Rows,
     Statements,
     check_listen_dsn,
     check_schema_name,
+    learn_isolation,
     map_error,
     must_discard,
+    reads_committed,
     schema_statements,
+    single_statement,
     statement_timeout,
 )
 from .._validation import (
@@ -49,11 +55,11 @@ _CURRENT_SCHEMA = b"SET TRANSACTION ISOLATION LEVEL READ COMMITTED; SELECT curre
 
 _RENEWAL_POOL_SIZE = 4
 _BYPASS_AFTER = 0.25
+"""How long a renewal waits for the renewal pool before it opens a connection of its own."""
 _DIRECT_SLOTS = 2
 """How many renewals may run on connections of their own at once (per backend)."""
 _LOSS_READ_TIMEOUT = 5.0
 """How long a failed step waits for a connection to read why it failed."""
-"""How long a renewal waits for the renewal pool before it opens a connection of its own."""
 
 
 class AsyncPostgresBackend:
@@ -64,8 +70,15 @@ class AsyncPostgresBackend:
     PostgreSQL schema holding the tables (default: the connection's ``search_path``). Create
     the tables first with :meth:`apply_schema` or ``worklease migrate``.
 
-    Every operation is a single statement sent in one round trip in autocommit mode, pinned to
-    READ COMMITTED; expiry is decided by the database clock. Renewals, and a pool's surveys,
+    Every operation is a single statement sent in one round trip in autocommit mode and runs
+    READ COMMITTED; expiry is decided by the database clock. With ``prepare`` (the default)
+    statements use server-side parameters and plans prepared once per connection (a
+    connection whose ``prepare_threshold`` is ``None`` is honoured); a connection whose
+    default isolation is not READ COMMITTED (asked once per connection) gets the statement
+    as a simple query pinned to READ COMMITTED instead. ``prepare=False`` sends every
+    statement that way: the mode for poolers that cannot keep prepared statements across
+    transactions (PgBouncer before 1.21 in transaction or statement mode, or later versions
+    with ``max_prepared_statements = 0``). Renewals, and a pool's surveys,
     batched acquires and batched releases, use a small private pool (up to four connections,
     built from the application pool's conninfo and kwargs, on the schema the application's
     connections resolve) so they keep working when the application exhausts its own pool;
@@ -94,6 +107,7 @@ class AsyncPostgresBackend:
         schema: str | None = None,
         listen: bool = True,
         listen_dsn: str | None = None,
+        prepare: bool = True,
     ) -> None:
         if pool is None:
             raise BackendRequiredError("a connection pool is required")
@@ -114,6 +128,10 @@ class AsyncPostgresBackend:
         except TypeError as exc:
             raise ConfigError(str(exc)) from None
         self._listen_dsn = check_listen_dsn(listen_dsn, self._listen)
+        try:
+            self._prepare = check_flag(prepare, "prepare")
+        except TypeError as exc:
+            raise ConfigError(str(exc)) from None
         self._hub = AsyncReleaseHub()
         self._listener: AsyncReleaseListener | None = None
 
@@ -125,6 +143,7 @@ class AsyncPostgresBackend:
         schema: str | None = None,
         listen: bool = True,
         listen_dsn: str | None = None,
+        prepare: bool = True,
         **pool_kwargs: Any,
     ) -> AsyncPostgresBackend:
         """A backend that owns a new pool built from ``conninfo`` (libpq settings and the
@@ -141,7 +160,7 @@ class AsyncPostgresBackend:
             )
         except (TypeError, ValueError) as exc:  # a builder: the argument-error rule
             raise ConfigError(f"connect: {exc}") from None
-        backend = cls(pool, schema=schema, listen=listen, listen_dsn=listen_dsn)
+        backend = cls(pool, schema=schema, listen=listen, listen_dsn=listen_dsn, prepare=prepare)
         backend._owns_pool = True
         return backend
 
@@ -149,6 +168,11 @@ class AsyncPostgresBackend:
     def pool(self) -> AsyncConnectionPool[Any]:
         """The pool lease operations (other than renewals) use."""
         return self._pool
+
+    @property
+    def prepare(self) -> bool:
+        """Whether statements are sent prepared (see the class docs)."""
+        return self._prepare
 
     @property
     def schema(self) -> str | None:
@@ -278,12 +302,13 @@ class AsyncPostgresBackend:
         *,
         pool: AsyncConnectionPool[Any] | None = None,
         timeout: float | None = None,
+        bound: float | None = None,
         deadline_bound: bool = False,
         bypass: bool = False,
     ) -> tuple[Rows, int]:
         """Execute one statement on a pooled connection; return the rows and row count of
-        its last result. ``timeout`` bounds the wait for a connection; with
-        ``deadline_bound`` the statement's ``statement_timeout`` parameter is set to what is
+        its last result. ``timeout`` bounds the wait for a connection; ``bound`` (seconds)
+        the statement itself; with ``deadline_bound`` the statement is bounded by what is
         left of the caller's deadline once the connection is there (so a slow checkout does
         not leave the statement more time than its caller). With ``bypass`` (renewals), a
         pool that has no connection to give within ``_BYPASS_AFTER`` seconds is bypassed:
@@ -295,13 +320,15 @@ class AsyncPostgresBackend:
             pool = self._pool
         left = seconds_left() if deadline_bound else None
         if left is not None:
-            statement = self._statements.bounded(statement)
             timeout = max(left, 0.001) if timeout is None else min(timeout, max(left, 0.001))
+        single = single_statement(statement) if self._prepare else None
+        if left is not None or bound is not None:
+            statement = self._statements.bounded(statement)
         try:
             if bypass and (timeout is None or timeout > _BYPASS_AFTER):
                 try:
                     return await self._run_pooled(
-                        pool, _BYPASS_AFTER, operation, statement, params, left
+                        pool, _BYPASS_AFTER, operation, statement, params, single, left, bound
                     )
                 except PoolTimeout:
                     # After a failover psycopg_pool reconnects with a delay that starts at
@@ -309,13 +336,15 @@ class AsyncPostgresBackend:
                     rest = None if timeout is None else timeout - _BYPASS_AFTER
                     if not self._take_direct_slot():  # enough of them already: wait
                         return await self._run_pooled(
-                            pool, rest, operation, statement, params, left
+                            pool, rest, operation, statement, params, single, left, bound
                         )
                     try:
-                        return await _run_direct(pool, rest, operation, statement, params)
+                        return await _run_direct(pool, rest, operation, statement, params, bound)
                     finally:
                         self._give_direct_slot()
-            return await self._run_pooled(pool, timeout, operation, statement, params, left)
+            return await self._run_pooled(
+                pool, timeout, operation, statement, params, single, left, bound
+            )
         except psycopg.Error as exc:
             raise map_error(exc, operation) from exc
 
@@ -337,7 +366,9 @@ class AsyncPostgresBackend:
         operation: str,
         statement: bytes,
         params: dict[str, Any],
+        single: bytes | None,
         left: float | None,
+        bound: float | None,
     ) -> tuple[Rows, int]:
         guard = ACancelGuard()
         async with pool.connection(timeout=timeout) as conn:
@@ -345,8 +376,8 @@ class AsyncPostgresBackend:
             if left is not None:
                 # What is left once the connection is there: a slow checkout never leaves
                 # the statement more time than its caller.
-                params["statement_timeout"] = statement_timeout(seconds_left() or 0.0)
-            return await run_statement(conn, operation, statement, params)
+                bound = seconds_left() or 0.0
+            return await run_statement(conn, operation, statement, params, bound, single)
 
     # -- the backend protocol -----------------------------------------------------------------
 
@@ -455,19 +486,46 @@ class AsyncPostgresBackend:
         params["state"] = normalize_state(state)
         params["ttl"] = statements.ttl(backend_ttl(ttl))
         rows, _ = await self._run("checkpoint", statements.checkpoint, params, deadline_bound=True)
-        statements.written(rows, token, "checkpoint")
+        if not statements.written(rows):
+            raise await self._not_written(statements, token, "checkpoint")
+
+    async def checkpoint_many(
+        self, items: Sequence[tuple[Token, StateLike | None]], ttl: float
+    ) -> list[LeaseLostError | None]:
+        """Checkpoint every ``(token, state)`` in one statement; per item ``None`` or the
+        error ``checkpoint`` would raise (optional method of the backend protocol)."""
+        distinct_work_ids([token.work_id for token, _ in items])
+        states = [normalize_state(state) for _, state in items]
+        interval = Statements.ttl(backend_ttl(ttl))
+        if not items:
+            return []
+        statements = self._statements
+        tokens = [token for token, _ in items]
+        params = statements.batch_params(tokens)
+        params["states"] = states
+        params["ttl"] = interval
+        rows, _ = await self._run(
+            "checkpoint_many", statements.checkpoint_many, params, deadline_bound=True
+        )
+        return statements.renewed_many(rows, tokens, "checkpoint")
 
     async def renew(self, token: Token, ttl: float) -> None:
         seconds = backend_ttl(ttl)
         statements = await self._renewal_target()
         params = statements.owned(token)
         params["ttl"] = statements.ttl(seconds)
-        params["statement_timeout"] = statement_timeout(seconds)
         pool = await self._ensure_renewal_pool()
         rows, _ = await self._run(
-            "renew", statements.renew, params, pool=pool, timeout=max(seconds, 0.001), bypass=True
+            "renew",
+            statements.renew,
+            params,
+            pool=pool,
+            timeout=max(seconds, 0.001),
+            bound=seconds,
+            bypass=True,
         )
-        statements.written(rows, token, "renew")
+        if not statements.written(rows):
+            raise await self._not_written(statements, token, "renew", pool, seconds)
 
     async def renew_many(self, tokens: Sequence[Token], ttl: float) -> list[LeaseLostError | None]:
         """Renew every token in one statement on the renewal pool; per token ``None`` or the
@@ -479,7 +537,6 @@ class AsyncPostgresBackend:
         statements = await self._renewal_target()
         params = statements.batch_params(tokens)
         params["ttl"] = statements.ttl(seconds)
-        params["statement_timeout"] = statement_timeout(seconds)
         pool = await self._ensure_renewal_pool()
         rows, _ = await self._run(
             "renew_many",
@@ -487,6 +544,7 @@ class AsyncPostgresBackend:
             params,
             pool=pool,
             timeout=max(seconds, 0.001),
+            bound=seconds,
             bypass=True,
         )
         return statements.renewed_many(rows, tokens)
@@ -497,7 +555,28 @@ class AsyncPostgresBackend:
         params = statements.owned(token)
         params["mode"] = str(declared)
         rows, _ = await self._run("release", statements.release, params, deadline_bound=True)
-        statements.written(rows, token, "release")
+        if not statements.written(rows):
+            raise await self._not_written(statements, token, "release")
+
+    async def _not_written(
+        self,
+        statements: Statements,
+        token: Token,
+        operation: str,
+        pool: AsyncConnectionPool[Any] | None = None,
+        within: float | None = None,
+    ) -> LeaseLostError:
+        """Why an owned write changed nothing (one more read, only on this path; a
+        renewal's within its TTL)."""
+        rows, _ = await self._run(
+            operation,
+            statements.owned_row,
+            statements.owned(token),
+            pool=pool,
+            timeout=None if within is None else max(within, 0.001),
+            bound=within,
+        )
+        return statements.not_written(rows, token, operation)
 
     async def release_many(
         self, tokens: Sequence[Token], mode: ExitMode
@@ -591,8 +670,12 @@ class AsyncPostgresTransaction:
         params = self._statements.owned(self._token)
         params.update(write=write, state=state, ttl=Statements.ttl(backend_ttl(ttl)))
         try:
-            cursor = AsyncClientCursor(conn)
-            await cursor.execute(self._statements.tx_guard, params)
+            if self._backend._prepare:
+                cursor: AsyncCursor[Any] = AsyncCursor(conn)
+                await cursor.execute(self._statements.tx_guard, params, prepare=True)
+            else:
+                cursor = AsyncClientCursor(conn)
+                await cursor.execute(self._statements.tx_guard, params)
             guarded = cursor.rowcount == 1
         except BaseException as exc:
             await self.rollback(discard=not isinstance(exc, Exception))
@@ -681,8 +764,10 @@ async def _run_direct(
     operation: str,
     statement: bytes,
     params: dict[str, Any],
+    bound: float | None,
 ) -> tuple[Rows, int]:
-    """Run one statement on a new connection built like ``pool``'s, then close it."""
+    """Run one statement on a new connection built like ``pool``'s, then close it (as a
+    simple query: a plan prepared on a connection used once is wasted)."""
     conninfo: Any = pool.conninfo
     kwargs: Any = pool.kwargs or {}
     # psycopg_pool 3.3 accepts callables for both (resolved per connection)
@@ -699,36 +784,74 @@ async def _run_direct(
         kwargs["connect_timeout"] = max(math.ceil(timeout), 2)
     conn = await pool.connection_class.connect(conninfo or "", **kwargs)
     async with conn:
-        return await run_statement(conn, operation, statement, params)
+        return await run_statement(conn, operation, statement, params, bound)
 
 
 async def run_statement(
-    conn: AsyncConnection[Any], operation: str, statement: bytes, params: dict[str, Any]
+    conn: AsyncConnection[Any],
+    operation: str,
+    statement: bytes,
+    params: dict[str, Any],
+    bound: float | None = None,
+    single: bytes | None = None,
 ) -> tuple[Rows, int]:
-    """Execute one worklease statement on ``conn`` in autocommit (simple protocol, parameters
-    bound client-side); return the rows and row count of its last result. A connection left
-    in an unknown state is closed; driver errors are raised as they are (``map_error``)."""
+    """Execute one worklease statement on ``conn`` in autocommit; return the rows and row
+    count of its last result. ``single`` (the statement without its isolation pin) is sent
+    prepared when the connection reads committed by default, bounded by a cancel request
+    after ``bound`` seconds; otherwise ``statement`` goes as a simple query (parameters bound
+    client-side; with ``bound`` it is the bounded text and gets its ``statement_timeout``). A
+    connection left in an unknown state is closed; driver errors are raised as they are
+    (``map_error``), a statement cancelled at its bound as a transient ``BackendError``."""
     restore = not conn.autocommit
+    ticket: CancelTicket | None = None
     try:
         if restore:
             await conn.set_autocommit(True)
-        cursor = AsyncClientCursor(conn, row_factory=tuple_row)
-        await cursor.execute(statement, params)
-        while cursor.nextset():
-            pass
+        if single is not None and await _reads_committed(conn):
+            cursor: AsyncCursor[Any] = AsyncCursor(conn, row_factory=tuple_row)
+            if bound is not None:
+                ticket = watch_statement(conn, bound)
+            await cursor.execute(single, params, prepare=True)
+            if ticket is not None:
+                ticket.done()
+        else:
+            if bound is not None:
+                params["statement_timeout"] = statement_timeout(bound)
+            cursor = AsyncClientCursor(conn, row_factory=tuple_row)
+            await cursor.execute(statement, params)
+            while cursor.nextset():
+                pass
         result = cursor.pgresult
         rows = await cursor.fetchall() if result and result.ntuples else []
         return rows, cursor.rowcount
     except BaseException as exc:
+        if ticket is not None:
+            ticket.done()  # before the connection can go back to anybody
         if must_discard(exc):
             # Never hand back a connection in an unknown state; closing the socket (not
             # conn.close(), which a pool with close_returns would take back) lets the pool
             # see it is gone.
             conn.pgconn.finish()
+        if ticket is not None and ticket.fired and isinstance(exc, pg_errors.QueryCanceled):
+            raise BackendError(
+                f"{operation}: cancelled by worklease: still running {bound:.3g} s after it "
+                "started, the bound of its call",
+                transient=True,
+            ) from exc
         raise
     finally:
         if restore and not conn.closed:
             await conn.set_autocommit(False)
+
+
+async def _reads_committed(conn: AsyncConnection[Any]) -> bool:
+    """Whether a statement sent alone on ``conn`` runs READ COMMITTED (asked once)."""
+    known = reads_committed(conn)
+    if known is None:
+        cursor = AsyncClientCursor(conn, row_factory=tuple_row)
+        await cursor.execute(SHOW_ISOLATION)
+        known = learn_isolation(conn, await cursor.fetchall())
+    return known
 
 
 async def _apply(conn: AsyncConnection[Any], statements: list[str]) -> None:

@@ -67,6 +67,12 @@ class Backend(Protocol):
       ``LeaseExpiredError`` that ``renew`` would have raised for it. A failure of the step as a
       whole is raised. Work IDs must be distinct (``ValueError``). Background renewals of one
       lease object use it to renew all their tokens with one statement.
+    - ``checkpoint_many(items, ttl) -> list[LeaseLostError | None]`` checkpoints many leases
+      in one step: ``items`` are ``(token, state)`` pairs with distinct work IDs
+      (``ValueError``), states as ``checkpoint`` takes them (``TypeError`` before any write);
+      per item ``None`` when written, else the error ``checkpoint`` would have raised. A
+      failure of the step as a whole is raised. Concurrent checkpoints through one lease
+      object are grouped into it (group commit).
     - ``find_available(work_ids) -> list[str]`` returns, in input order, the work IDs that
       ``acquire`` would grant now (no row, expired, or released); it writes nothing.
     - ``acquire_many(work_ids, holder_id, ttl) -> list[(Token, Checkpoint)]`` acquires, in one
@@ -124,6 +130,15 @@ class RenewMany(Protocol):
     """Renews many leases in one step; one outcome per token."""
 
     def renew_many(self, tokens: Sequence[Token], ttl: float) -> list[LeaseLostError | None]: ...
+
+
+@runtime_checkable
+class CheckpointMany(Protocol):
+    """Checkpoints many leases in one step; one outcome per item."""
+
+    def checkpoint_many(
+        self, items: Sequence[tuple[Token, StateLike | None]], ttl: float
+    ) -> list[LeaseLostError | None]: ...
 
 
 @runtime_checkable
@@ -197,6 +212,7 @@ for _protocol in (
     Transactional,
     AcquireWithCheckpoint,
     RenewMany,
+    CheckpointMany,
     ReleaseMany,
     Survey,
     FindAvailable,
@@ -221,6 +237,7 @@ class Capabilities:
     release_many: ReleaseMany | None = None
     survey: Survey | None = None
     transaction: Transactional | None = None
+    checkpoint_many: CheckpointMany | None = None
 
     @classmethod
     def of(cls, backend: object) -> Capabilities:
@@ -238,4 +255,5 @@ class Capabilities:
             cast(ReleaseMany, backend) if offered("release_many") else None,
             cast(Survey, backend) if offered("survey") else None,
             cast(Transactional, backend) if offered("transaction") else None,
+            cast(CheckpointMany, backend) if offered("checkpoint_many") else None,
         )
