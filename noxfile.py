@@ -65,8 +65,8 @@ def tests(session: nox.Session) -> None:
 
 @nox.session(python=GEN_PYTHON)
 def bench(session: nox.Session) -> None:
-    """Lease operations vs the raw PostgreSQL floor, then handoff latency and transactional
-    steps ->
+    """Lease operations vs the hand-written PostgreSQL floor, then handoff latency,
+    transactional steps and checkpoint throughput under concurrency (group commit) ->
     benchmarks/results/ (not a default session). Arguments go to bench_ops.py:
     nox -s bench -- --iterations 500 --dsn DSN."""
     session.install("-e", ".[bench,test]")
@@ -76,6 +76,7 @@ def bench(session: nox.Session) -> None:
         dsn.append(session.posargs[session.posargs.index("--dsn") + 1])
     session.run("python", "benchmarks/bench_handoff.py", *dsn)
     session.run("python", "benchmarks/bench_transaction.py", *dsn)
+    session.run("python", "benchmarks/bench_concurrency.py", *dsn)
 
 
 @nox.session(name="bench-scale", python=GEN_PYTHON)

@@ -226,3 +226,48 @@ def test_bench_transaction_writes_both_flavours(postgres_server: str, tmp_path: 
         row = data["results"][flavour]
         assert row["ours"]["n"] == row["floor"]["n"] == 20
         assert row["ratio"] > 0
+
+
+CONCURRENCY_SCRIPT = SCRIPT.with_name("bench_concurrency.py")
+
+
+def test_bench_concurrency_writes_every_row(postgres_dsn: str, tmp_path: Path) -> None:
+    result = subprocess.run(
+        [
+            sys.executable,
+            str(CONCURRENCY_SCRIPT),
+            "--dsn",
+            postgres_dsn,
+            "--seconds",
+            "0.2",
+            "--concurrency",
+            "1",
+            "4",
+            "--skip-chart",
+            "--output",
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr[-4000:]
+    table = (tmp_path / "concurrency.md").read_text(encoding="utf-8")
+    for flavour in ("sync", "async"):
+        for concurrency in (1, 4):
+            assert f"| {flavour} | {concurrency} |" in table, (flavour, concurrency)
+    data = json.loads((tmp_path / "concurrency.json").read_text(encoding="utf-8"))
+    runs = {(r["flavour"], r["concurrency"], r["side"]): r for r in data["runs"]}
+    assert set(runs) == {
+        (f, c, s)
+        for f in ("sync", "async")
+        for c in (1, 4)
+        for s in ("worklease", "no_group", "hand")
+    }
+    for run in runs.values():
+        assert run["calls"] > 0
+        assert run["latency"]["n"] == run["calls"]
+    database = data["environment"]["database"]
+    left = pg.execute(postgres_dsn, "SELECT 1 FROM pg_database WHERE datname = %s", (database,))
+    assert left == []

@@ -41,6 +41,7 @@ __all__ = [
     "acleanup",
     "aloop_key",
     "ajoin_all",
+    "ashielded",
     "asleep",
     "aspawn",
     "awithin",
@@ -50,6 +51,7 @@ __all__ = [
     "cancel_worker",
     "cleanup",
     "join_all",
+    "shielded",
     "loop_key",
     "sleep",
     "spawn",
@@ -276,6 +278,23 @@ def abandonable(
 ) -> T:
     """A thread cannot abandon a blocking call: the call runs to its end (and its holders
     learn of a window closing meanwhile from the clock, whenever they look)."""
+    return fn(*args)
+
+
+async def ashielded(fn: Callable[..., Awaitable[T]], *args: Any) -> T:
+    """Await ``fn(*args)`` in a task of its own that a cancellation of the caller does not
+    reach: the call runs to its end (others may be waiting for it) and the caller's
+    cancellation is raised at once."""
+    task = asyncio.ensure_future(fn(*args))
+    try:
+        return await asyncio.shield(task)
+    except asyncio.CancelledError:
+        task.add_done_callback(_retrieve)
+        raise
+
+
+def shielded(fn: Callable[..., T], *args: Any) -> T:
+    """A thread is not cancelled: the call simply runs."""
     return fn(*args)
 
 

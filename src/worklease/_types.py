@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Coroutine
-from typing import Any
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from typing import Any, TypeVar
 
 from ._models import Checkpoint, ExitMode, Token
 
@@ -12,10 +12,14 @@ __all__ = [
     "AsyncRenewTogether",
     "AsyncTokenCallback",
     "AsyncWorkFn",
+    "AsyncWriteMany",
+    "AsyncWriteOne",
     "Releaser",
     "RenewTogether",
     "TokenCallback",
     "WorkFn",
+    "WriteMany",
+    "WriteOne",
 ]
 
 AsyncWorkFn = Callable[[Token, Checkpoint], Awaitable[bytes | None] | bytes | None]
@@ -42,3 +46,17 @@ AsyncReleaser = Callable[[Token, ExitMode], Coroutine[Any, Any, None]]
 
 Releaser = Callable[[Token, ExitMode], None]
 """The same for threads."""
+
+_Item = TypeVar("_Item")
+
+AsyncWriteOne = Callable[[_Item], Awaitable[None]]
+"""Group commit: write one item alone."""
+
+WriteOne = Callable[[_Item], None]
+"""Group commit: write one item alone."""
+
+AsyncWriteMany = Callable[[list[_Item]], Awaitable[Sequence[BaseException | None]]]
+"""Group commit: write a round of items; each one's error or ``None``."""
+
+WriteMany = Callable[[list[_Item]], Sequence[BaseException | None]]
+"""Group commit: write a round of items; each one's error or ``None``."""

@@ -45,4 +45,5 @@ def test_capabilities_of_a_delegating_backend_are_found() -> None:
     assert capabilities.find_available is not None
     assert capabilities.acquire_many is not None
     assert capabilities.watch_releases is not None
+    assert capabilities.checkpoint_many is not None
     assert Capabilities.of(object()) == Capabilities(None, None, None, None, None)

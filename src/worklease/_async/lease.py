@@ -33,6 +33,7 @@ from .._window import Backoff, TokenSeal, fresh, monotonic, seal_token, unseal
 from ..errors import BackendError, BackendRequiredError, ConfigError, LeaseHeldError, LeaseLostError
 from ..observers import LeaseObserver
 from .backend import AsyncBackend, AsyncCapabilities, StateLike
+from .group import AsyncGroupCommit
 from .hold import AsyncHold
 from .renewal import AsyncRenewal, AsyncRenewals
 from .transaction import AsyncLeaseTransaction
@@ -85,6 +86,22 @@ class AsyncLease:
         self._report = LeaseReporter(self._observer)
         self._capabilities = AsyncCapabilities.of(backend)
         self._renewals = AsyncRenewals(self._renew_together, self._ttl)
+        # Group commit: concurrent calls through this object share one statement per round
+        # when the backend has the batch operation (see group.py).
+        capabilities = self._capabilities
+        self._checkpoints: AsyncGroupCommit[tuple[Token, bytes | None]] | None = None
+        if capabilities.checkpoint_many is not None:
+            self._checkpoints = AsyncGroupCommit(
+                self._checkpoint_one, self._checkpoint_many, operation="checkpoint"
+            )
+        self._renews: AsyncGroupCommit[Token] | None = None
+        if capabilities.renew_many is not None:
+            self._renews = AsyncGroupCommit(self._renew_one, self._renew_many, operation="renew")
+        self._releases: AsyncGroupCommit[tuple[Token, ExitMode]] | None = None
+        if capabilities.release_many is not None:
+            self._releases = AsyncGroupCommit(
+                self._release_one, self._release_many, operation="release"
+            )
 
     @property
     def backend(self) -> AsyncBackend:
@@ -316,8 +333,22 @@ class AsyncLease:
         # the lease. With asyncio the renewal cancels the block, and the call with it.
         deadline = seal.deadline() if _IS_SYNC else None
         with self._report.checkpoint(token, state_size(state)) as call, bounded_by(deadline):
-            await self._backend.checkpoint(token, data, self._ttl)
+            group = self._checkpoints
+            if group is None:
+                await self._backend.checkpoint(token, data, self._ttl)
+            else:
+                await group.submit((token, data), token.work_id, deadline)
             seal.extend(call.start, self._ttl)
+
+    async def _checkpoint_one(self, item: tuple[Token, bytes | None]) -> None:
+        await self._backend.checkpoint(item[0], item[1], self._ttl)
+
+    async def _checkpoint_many(
+        self, items: list[tuple[Token, bytes | None]]
+    ) -> list[LeaseLostError | None]:
+        many = self._capabilities.checkpoint_many
+        assert many is not None
+        return await many.checkpoint_many(items, self._ttl)
 
     def transaction(self, token: Token) -> AsyncLeaseTransaction:
         """A transactional step: your own writes and the step's checkpoint commit together,
@@ -349,8 +380,20 @@ class AsyncLease:
         """
         seal = self._writable(token)
         with self._report.renew(token, 1) as call:
-            await self._backend.renew(token, self._ttl)
+            group = self._renews
+            if group is None:
+                await self._backend.renew(token, self._ttl)
+            else:
+                await group.submit(token, token.work_id, None)
             seal.extend(call.start, self._ttl)
+
+    async def _renew_one(self, token: Token) -> None:
+        await self._backend.renew(token, self._ttl)
+
+    async def _renew_many(self, tokens: list[Token]) -> list[LeaseLostError | None]:
+        many = self._capabilities.renew_many
+        assert many is not None
+        return await many.renew_many(tokens, self._ttl)
 
     async def release(self, token: Token, mode: ExitMode | str) -> None:
         """Record how this holder leaves and make the work ID acquirable at once.
@@ -366,7 +409,32 @@ class AsyncLease:
         deadline = seal.deadline() if _IS_SYNC else None  # see checkpoint
         seal.finished()  # the holder gives the lease up: stop renewing it first
         with self._report.release(token, declared), bounded_by(deadline):
-            await self._backend.release(token, declared)
+            group = self._releases
+            if group is None:
+                await self._backend.release(token, declared)
+            else:
+                await group.submit((token, declared), token.work_id, deadline)
+
+    async def _release_one(self, item: tuple[Token, ExitMode]) -> None:
+        await self._backend.release(item[0], item[1])
+
+    async def _release_many(
+        self, items: list[tuple[Token, ExitMode]]
+    ) -> list[LeaseLostError | None]:
+        """One ``release_many`` per exit mode in the round; each item's outcome, in order."""
+        many = self._capabilities.release_many
+        assert many is not None
+        outcomes: list[LeaseLostError | None] = [None] * len(items)
+        for mode in dict.fromkeys(mode for _, mode in items):
+            indexes = [i for i, (_, item_mode) in enumerate(items) if item_mode is mode]
+            results = await many.release_many([items[i][0] for i in indexes], mode)
+            if len(results) != len(indexes):
+                raise BackendError(
+                    f"release_many returned {len(results)} outcomes for {len(indexes)} tokens"
+                )
+            for i, result in zip(indexes, results, strict=True):
+                outcomes[i] = result
+        return outcomes
 
     async def forget(self, token: Token) -> None:
         """Delete the work ID's row for good (also after this holder's own release).

@@ -1,0 +1,282 @@
+"""Group commit: concurrent writes through one lease object share one statement per round.
+
+A gate holds the first (lone) write in flight until every other caller has queued behind it;
+the next round must then be one batch call carrying all of them, each caller getting its own
+outcome. Runs on every backend kind (memory, PostgreSQL, PgBouncer).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import pytest
+
+from tests._acompat import asleep, aspawn_all
+from worklease import (
+    AsyncBackend,
+    AsyncLease,
+    BackendError,
+    ExitMode,
+    FencedError,
+    LeaseExpiredError,
+    LeaseLostError,
+    Token,
+)
+from worklease._acompat import AEvent
+
+PROMPT = 10.0
+"""Upper bound for 'promptly' on a loaded CI box."""
+CALLERS = 8
+
+
+class Gated:
+    """Delegates to a backend, records the write calls, and can hold the next lone write
+    (``gate``) until the test opens it."""
+
+    def __init__(self, inner: AsyncBackend) -> None:
+        self._inner = inner
+        self.calls: list[tuple[str, Any]] = []
+        self.gate: AEvent | None = None
+        self.entered = AEvent()
+        self.fail_many: BackendError | None = None
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+    async def _hold(self) -> None:
+        gate, self.gate = self.gate, None
+        if gate is not None:
+            self.entered.set_threadsafe()
+            assert await gate.wait_timeout(PROMPT), "the test never opened the gate"
+
+    async def checkpoint(self, token: Token, state: Any, ttl: float) -> None:
+        self.calls.append(("checkpoint", token.work_id))
+        await self._hold()
+        await self._inner.checkpoint(token, state, ttl)
+
+    async def checkpoint_many(
+        self, items: Sequence[tuple[Token, Any]], ttl: float
+    ) -> list[LeaseLostError | None]:
+        self.calls.append(("checkpoint_many", [token.work_id for token, _ in items]))
+        if self.fail_many is not None:
+            raise self.fail_many
+        inner: Any = self._inner
+        result: list[LeaseLostError | None] = await inner.checkpoint_many(items, ttl)
+        return result
+
+    async def renew(self, token: Token, ttl: float) -> None:
+        self.calls.append(("renew", token.work_id))
+        await self._hold()
+        await self._inner.renew(token, ttl)
+
+    async def renew_many(self, tokens: Sequence[Token], ttl: float) -> list[LeaseLostError | None]:
+        self.calls.append(("renew_many", [token.work_id for token in tokens]))
+        inner: Any = self._inner
+        result: list[LeaseLostError | None] = await inner.renew_many(tokens, ttl)
+        return result
+
+    async def release(self, token: Token, mode: ExitMode) -> None:
+        self.calls.append(("release", token.work_id))
+        await self._hold()
+        await self._inner.release(token, mode)
+
+    async def release_many(
+        self, tokens: Sequence[Token], mode: ExitMode
+    ) -> list[LeaseLostError | None]:
+        self.calls.append(("release_many", [token.work_id for token in tokens]))
+        inner: Any = self._inner
+        result: list[LeaseLostError | None] = await inner.release_many(tokens, mode)
+        return result
+
+
+def queued(lease: AsyncLease, kind: str) -> list[str]:
+    """The work IDs of the callers waiting behind the round in flight (private state, read
+    only)."""
+    group: Any = getattr(lease, f"_{kind}")
+    return [entry.key for entry in list(group._queue)]
+
+
+def rounds(gated: Gated) -> list[tuple[str, Any]]:
+    """The recorded calls, a batch's work IDs sorted (threads queue in any order)."""
+    return [(name, sorted(ids) if isinstance(ids, list) else ids) for name, ids in gated.calls]
+
+
+async def _until(predicate: Any) -> None:
+    for _ in range(round(PROMPT / 0.005)):
+        if predicate():
+            return
+        await asleep(0.005)
+    raise AssertionError("timed out waiting for the callers to queue")
+
+
+async def _behind_a_gate(
+    gated: Gated, lease: AsyncLease, kind: str, calls: list[Any]
+) -> list[object]:
+    """Run ``calls[0]`` first (held at the gate), the rest once it is in flight, and open
+    the gate when all of them queue behind it; each call's result or exception."""
+    gate = AEvent()
+    gated.entered = AEvent()
+    gated.gate = gate
+
+    async def run(index: int) -> object:
+        if index == len(calls):  # the opener
+            assert await gated.entered.wait_timeout(PROMPT)
+            await _until(lambda: len(queued(lease, kind)) == len(calls) - 1)
+            gate.set_threadsafe()
+            return None
+        if index > 0:
+            assert await gated.entered.wait_timeout(PROMPT)
+        return await calls[index]()
+
+    return (await aspawn_all(run, len(calls) + 1))[: len(calls)]
+
+
+async def test_a_lone_caller_writes_alone(backend: AsyncBackend) -> None:
+    gated = Gated(backend)
+    lease = AsyncLease(gated, holder_id="h", ttl=30.0)
+    token = await lease.acquire("g0")
+    for i in range(3):
+        await lease.checkpoint(token, f"state {i}".encode())
+    await lease.renew(token)
+    await lease.release(token, ExitMode.FINISHED)
+    assert gated.calls == [
+        ("checkpoint", "g0"),
+        ("checkpoint", "g0"),
+        ("checkpoint", "g0"),
+        ("renew", "g0"),
+        ("release", "g0"),
+    ]
+
+
+async def test_concurrent_checkpoints_share_one_statement(backend: AsyncBackend) -> None:
+    gated = Gated(backend)
+    lease = AsyncLease(gated, holder_id="h", ttl=30.0)
+    tokens = [await lease.acquire(f"g{i}") for i in range(CALLERS)]
+
+    def write(i: int) -> Any:
+        async def call() -> None:
+            await lease.checkpoint(tokens[i], f"state {i}".encode())
+
+        return call
+
+    results = await _behind_a_gate(gated, lease, "checkpoints", [write(i) for i in range(CALLERS)])
+    assert results == [None] * CALLERS
+    assert rounds(gated) == [
+        ("checkpoint", "g0"),
+        ("checkpoint_many", [f"g{i}" for i in range(1, CALLERS)]),
+    ]
+    for i, token in enumerate(tokens):
+        assert (await lease.read_checkpoint(token)).state == f"state {i}".encode()
+        await lease.release(token, ExitMode.FINISHED)
+
+
+async def test_each_caller_gets_its_own_outcome(backend: AsyncBackend) -> None:
+    gated = Gated(backend)
+    lease = AsyncLease(gated, holder_id="h", ttl=30.0)
+    tokens = [await lease.acquire(f"g{i}") for i in range(CALLERS)]
+    # Behind the lease's back: g2 released, g4 released and taken by another holder.
+    await backend.release(tokens[2], ExitMode.FINISHED)
+    await backend.release(tokens[4], ExitMode.FINISHED)
+    successor = await backend.acquire("g4", "other", 30.0)
+    await backend.checkpoint(successor, b"successor", 30.0)
+
+    def write(i: int) -> Any:
+        async def call() -> None:
+            await lease.checkpoint(tokens[i], f"state {i}".encode())
+
+        return call
+
+    results = await _behind_a_gate(gated, lease, "checkpoints", [write(i) for i in range(CALLERS)])
+    assert isinstance(results[2], LeaseExpiredError)
+    assert isinstance(results[4], FencedError)
+    assert [r for i, r in enumerate(results) if i not in (2, 4)] == [None] * (CALLERS - 2)
+    assert rounds(gated)[1] == ("checkpoint_many", [f"g{i}" for i in range(1, CALLERS)])
+    assert (await backend.read_checkpoint(successor)).state == b"successor"
+    for i in (1, 3, 5, 6, 7):
+        assert (await lease.read_checkpoint(tokens[i])).state == f"state {i}".encode()
+
+
+async def test_writes_to_one_lease_never_share_a_round(backend: AsyncBackend) -> None:
+    """Two queued checkpoints of one token go in successive rounds, in order."""
+    gated = Gated(backend)
+    lease = AsyncLease(gated, holder_id="h", ttl=30.0)
+    tokens = [await lease.acquire(f"g{i}") for i in range(3)]
+
+    def write(token: Token, state: bytes, step: int) -> Any:
+        async def call() -> None:
+            if step == 2:  # queue behind the first write to the same lease
+                await _until(lambda: "g1" in queued(lease, "checkpoints"))
+            await lease.checkpoint(token, state)
+
+        return call
+
+    calls = [
+        write(tokens[0], b"zero", 0),
+        write(tokens[1], b"first", 1),
+        write(tokens[1], b"second", 2),
+        write(tokens[2], b"two", 3),
+    ]
+    assert await _behind_a_gate(gated, lease, "checkpoints", calls) == [None] * 4
+    assert gated.calls[0] == ("checkpoint", "g0")
+    assert gated.calls[1][0] == "checkpoint_many"
+    assert sorted(gated.calls[1][1]) == ["g1", "g2"]
+    assert gated.calls[2] == ("checkpoint", "g1")
+    assert (await lease.read_checkpoint(tokens[1])).state == b"second"
+
+
+async def test_a_failed_round_fails_each_caller(backend: AsyncBackend) -> None:
+    gated = Gated(backend)
+    gated.fail_many = BackendError("boom", transient=True)
+    lease = AsyncLease(gated, holder_id="h", ttl=30.0)
+    tokens = [await lease.acquire(f"g{i}") for i in range(4)]
+
+    def write(i: int) -> Any:
+        async def call() -> None:
+            await lease.checkpoint(tokens[i], b"state")
+
+        return call
+
+    results = await _behind_a_gate(gated, lease, "checkpoints", [write(i) for i in range(4)])
+    assert results[0] is None
+    errors = results[1:]
+    for error in errors:
+        assert isinstance(error, BackendError)
+        assert error.transient
+        assert error.__cause__ is gated.fail_many
+    assert len({id(error) for error in errors}) == len(errors)  # one exception per caller
+    for token in tokens[1:]:
+        assert (await lease.read_checkpoint(token)).state is None
+
+
+@pytest.mark.parametrize("kind", ["renews", "releases"])
+async def test_concurrent_renewals_and_releases_share_one_statement(
+    backend: AsyncBackend, kind: str
+) -> None:
+    gated = Gated(backend)
+    lease = AsyncLease(gated, holder_id="h", ttl=30.0)
+    tokens = [await lease.acquire(f"g{i}") for i in range(CALLERS)]
+    await backend.release(tokens[3], ExitMode.FINISHED)  # behind the lease's back
+
+    def call_for(i: int) -> Any:
+        async def call() -> None:
+            if kind == "renews":
+                await lease.renew(tokens[i])
+            else:
+                await lease.release(tokens[i], ExitMode.FINISHED)
+
+        return call
+
+    results = await _behind_a_gate(gated, lease, kind, [call_for(i) for i in range(CALLERS)])
+    assert isinstance(results[3], LeaseExpiredError)
+    assert [r for i, r in enumerate(results) if i != 3] == [None] * (CALLERS - 1)
+    single = "renew" if kind == "renews" else "release"
+    assert rounds(gated) == [
+        (single, "g0"),
+        (f"{single}_many", [f"g{i}" for i in range(1, CALLERS)]),
+    ]
+    if kind == "releases":
+        for i in range(CALLERS):
+            if i != 3:  # released FINISHED: a successor sees it
+                successor = await backend.acquire(f"g{i}", "next", 30.0)
+                assert (await backend.read_checkpoint(successor)).prev_exit is ExitMode.FINISHED

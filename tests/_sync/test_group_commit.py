@@ -1,0 +1,279 @@
+# Generated from tests/_async/test_group_commit.py by scripts/unasync.py -- do not edit.
+# Change the async source and run "python scripts/unasync.py".
+
+"""Group commit: concurrent writes through one lease object share one statement per round.
+
+A gate holds the first (lone) write in flight until every other caller has queued behind it;
+the next round must then be one batch call carrying all of them, each caller getting its own
+outcome. Runs on every backend kind (memory, PostgreSQL, PgBouncer).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import pytest
+
+from tests._acompat import sleep, spawn_all
+from worklease import (
+    Backend,
+    BackendError,
+    ExitMode,
+    FencedError,
+    Lease,
+    LeaseExpiredError,
+    LeaseLostError,
+    Token,
+)
+from worklease._acompat import Event
+
+PROMPT = 10.0
+"""Upper bound for 'promptly' on a loaded CI box."""
+CALLERS = 8
+
+
+class Gated:
+    """Delegates to a backend, records the write calls, and can hold the next lone write
+    (``gate``) until the test opens it."""
+
+    def __init__(self, inner: Backend) -> None:
+        self._inner = inner
+        self.calls: list[tuple[str, Any]] = []
+        self.gate: Event | None = None
+        self.entered = Event()
+        self.fail_many: BackendError | None = None
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+    def _hold(self) -> None:
+        gate, self.gate = self.gate, None
+        if gate is not None:
+            self.entered.set()
+            assert gate.wait(PROMPT), "the test never opened the gate"
+
+    def checkpoint(self, token: Token, state: Any, ttl: float) -> None:
+        self.calls.append(("checkpoint", token.work_id))
+        self._hold()
+        self._inner.checkpoint(token, state, ttl)
+
+    def checkpoint_many(
+        self, items: Sequence[tuple[Token, Any]], ttl: float
+    ) -> list[LeaseLostError | None]:
+        self.calls.append(("checkpoint_many", [token.work_id for token, _ in items]))
+        if self.fail_many is not None:
+            raise self.fail_many
+        inner: Any = self._inner
+        result: list[LeaseLostError | None] = inner.checkpoint_many(items, ttl)
+        return result
+
+    def renew(self, token: Token, ttl: float) -> None:
+        self.calls.append(("renew", token.work_id))
+        self._hold()
+        self._inner.renew(token, ttl)
+
+    def renew_many(self, tokens: Sequence[Token], ttl: float) -> list[LeaseLostError | None]:
+        self.calls.append(("renew_many", [token.work_id for token in tokens]))
+        inner: Any = self._inner
+        result: list[LeaseLostError | None] = inner.renew_many(tokens, ttl)
+        return result
+
+    def release(self, token: Token, mode: ExitMode) -> None:
+        self.calls.append(("release", token.work_id))
+        self._hold()
+        self._inner.release(token, mode)
+
+    def release_many(self, tokens: Sequence[Token], mode: ExitMode) -> list[LeaseLostError | None]:
+        self.calls.append(("release_many", [token.work_id for token in tokens]))
+        inner: Any = self._inner
+        result: list[LeaseLostError | None] = inner.release_many(tokens, mode)
+        return result
+
+
+def queued(lease: Lease, kind: str) -> list[str]:
+    """The work IDs of the callers waiting behind the round in flight (private state, read
+    only)."""
+    group: Any = getattr(lease, f"_{kind}")
+    return [entry.key for entry in list(group._queue)]
+
+
+def rounds(gated: Gated) -> list[tuple[str, Any]]:
+    """The recorded calls, a batch's work IDs sorted (threads queue in any order)."""
+    return [(name, sorted(ids) if isinstance(ids, list) else ids) for name, ids in gated.calls]
+
+
+def _until(predicate: Any) -> None:
+    for _ in range(round(PROMPT / 0.005)):
+        if predicate():
+            return
+        sleep(0.005)
+    raise AssertionError("timed out waiting for the callers to queue")
+
+
+def _behind_a_gate(gated: Gated, lease: Lease, kind: str, calls: list[Any]) -> list[object]:
+    """Run ``calls[0]`` first (held at the gate), the rest once it is in flight, and open
+    the gate when all of them queue behind it; each call's result or exception."""
+    gate = Event()
+    gated.entered = Event()
+    gated.gate = gate
+
+    def run(index: int) -> object:
+        if index == len(calls):  # the opener
+            assert gated.entered.wait(PROMPT)
+            _until(lambda: len(queued(lease, kind)) == len(calls) - 1)
+            gate.set()
+            return None
+        if index > 0:
+            assert gated.entered.wait(PROMPT)
+        return calls[index]()
+
+    return (spawn_all(run, len(calls) + 1))[: len(calls)]
+
+
+def test_a_lone_caller_writes_alone(backend: Backend) -> None:
+    gated = Gated(backend)
+    lease = Lease(gated, holder_id="h", ttl=30.0)
+    token = lease.acquire("g0")
+    for i in range(3):
+        lease.checkpoint(token, f"state {i}".encode())
+    lease.renew(token)
+    lease.release(token, ExitMode.FINISHED)
+    assert gated.calls == [
+        ("checkpoint", "g0"),
+        ("checkpoint", "g0"),
+        ("checkpoint", "g0"),
+        ("renew", "g0"),
+        ("release", "g0"),
+    ]
+
+
+def test_concurrent_checkpoints_share_one_statement(backend: Backend) -> None:
+    gated = Gated(backend)
+    lease = Lease(gated, holder_id="h", ttl=30.0)
+    tokens = [lease.acquire(f"g{i}") for i in range(CALLERS)]
+
+    def write(i: int) -> Any:
+        def call() -> None:
+            lease.checkpoint(tokens[i], f"state {i}".encode())
+
+        return call
+
+    results = _behind_a_gate(gated, lease, "checkpoints", [write(i) for i in range(CALLERS)])
+    assert results == [None] * CALLERS
+    assert rounds(gated) == [
+        ("checkpoint", "g0"),
+        ("checkpoint_many", [f"g{i}" for i in range(1, CALLERS)]),
+    ]
+    for i, token in enumerate(tokens):
+        assert (lease.read_checkpoint(token)).state == f"state {i}".encode()
+        lease.release(token, ExitMode.FINISHED)
+
+
+def test_each_caller_gets_its_own_outcome(backend: Backend) -> None:
+    gated = Gated(backend)
+    lease = Lease(gated, holder_id="h", ttl=30.0)
+    tokens = [lease.acquire(f"g{i}") for i in range(CALLERS)]
+    # Behind the lease's back: g2 released, g4 released and taken by another holder.
+    backend.release(tokens[2], ExitMode.FINISHED)
+    backend.release(tokens[4], ExitMode.FINISHED)
+    successor = backend.acquire("g4", "other", 30.0)
+    backend.checkpoint(successor, b"successor", 30.0)
+
+    def write(i: int) -> Any:
+        def call() -> None:
+            lease.checkpoint(tokens[i], f"state {i}".encode())
+
+        return call
+
+    results = _behind_a_gate(gated, lease, "checkpoints", [write(i) for i in range(CALLERS)])
+    assert isinstance(results[2], LeaseExpiredError)
+    assert isinstance(results[4], FencedError)
+    assert [r for i, r in enumerate(results) if i not in (2, 4)] == [None] * (CALLERS - 2)
+    assert rounds(gated)[1] == ("checkpoint_many", [f"g{i}" for i in range(1, CALLERS)])
+    assert (backend.read_checkpoint(successor)).state == b"successor"
+    for i in (1, 3, 5, 6, 7):
+        assert (lease.read_checkpoint(tokens[i])).state == f"state {i}".encode()
+
+
+def test_writes_to_one_lease_never_share_a_round(backend: Backend) -> None:
+    """Two queued checkpoints of one token go in successive rounds, in order."""
+    gated = Gated(backend)
+    lease = Lease(gated, holder_id="h", ttl=30.0)
+    tokens = [lease.acquire(f"g{i}") for i in range(3)]
+
+    def write(token: Token, state: bytes, step: int) -> Any:
+        def call() -> None:
+            if step == 2:  # queue behind the first write to the same lease
+                _until(lambda: "g1" in queued(lease, "checkpoints"))
+            lease.checkpoint(token, state)
+
+        return call
+
+    calls = [
+        write(tokens[0], b"zero", 0),
+        write(tokens[1], b"first", 1),
+        write(tokens[1], b"second", 2),
+        write(tokens[2], b"two", 3),
+    ]
+    assert _behind_a_gate(gated, lease, "checkpoints", calls) == [None] * 4
+    assert gated.calls[0] == ("checkpoint", "g0")
+    assert gated.calls[1][0] == "checkpoint_many"
+    assert sorted(gated.calls[1][1]) == ["g1", "g2"]
+    assert gated.calls[2] == ("checkpoint", "g1")
+    assert (lease.read_checkpoint(tokens[1])).state == b"second"
+
+
+def test_a_failed_round_fails_each_caller(backend: Backend) -> None:
+    gated = Gated(backend)
+    gated.fail_many = BackendError("boom", transient=True)
+    lease = Lease(gated, holder_id="h", ttl=30.0)
+    tokens = [lease.acquire(f"g{i}") for i in range(4)]
+
+    def write(i: int) -> Any:
+        def call() -> None:
+            lease.checkpoint(tokens[i], b"state")
+
+        return call
+
+    results = _behind_a_gate(gated, lease, "checkpoints", [write(i) for i in range(4)])
+    assert results[0] is None
+    errors = results[1:]
+    for error in errors:
+        assert isinstance(error, BackendError)
+        assert error.transient
+        assert error.__cause__ is gated.fail_many
+    assert len({id(error) for error in errors}) == len(errors)  # one exception per caller
+    for token in tokens[1:]:
+        assert (lease.read_checkpoint(token)).state is None
+
+
+@pytest.mark.parametrize("kind", ["renews", "releases"])
+def test_concurrent_renewals_and_releases_share_one_statement(backend: Backend, kind: str) -> None:
+    gated = Gated(backend)
+    lease = Lease(gated, holder_id="h", ttl=30.0)
+    tokens = [lease.acquire(f"g{i}") for i in range(CALLERS)]
+    backend.release(tokens[3], ExitMode.FINISHED)  # behind the lease's back
+
+    def call_for(i: int) -> Any:
+        def call() -> None:
+            if kind == "renews":
+                lease.renew(tokens[i])
+            else:
+                lease.release(tokens[i], ExitMode.FINISHED)
+
+        return call
+
+    results = _behind_a_gate(gated, lease, kind, [call_for(i) for i in range(CALLERS)])
+    assert isinstance(results[3], LeaseExpiredError)
+    assert [r for i, r in enumerate(results) if i != 3] == [None] * (CALLERS - 1)
+    single = "renew" if kind == "renews" else "release"
+    assert rounds(gated) == [
+        (single, "g0"),
+        (f"{single}_many", [f"g{i}" for i in range(1, CALLERS)]),
+    ]
+    if kind == "releases":
+        for i in range(CALLERS):
+            if i != 3:  # released FINISHED: a successor sees it
+                successor = backend.acquire(f"g{i}", "next", 30.0)
+                assert (backend.read_checkpoint(successor)).prev_exit is ExitMode.FINISHED
