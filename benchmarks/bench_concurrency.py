@@ -88,6 +88,12 @@ def _progress(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
 
+def _rotated(index: int) -> list[str]:
+    """The sides in the order of slice ``index``: each side goes first as often."""
+    shift = index % len(SIDES)
+    return [*SIDES[shift:], *SIDES[:shift]]
+
+
 def _params(token: Token, state: bytes, ttl: timedelta) -> dict[str, Any]:
     return {"work_id": token.work_id, "token": token.fencing_token, "state": state, "ttl": ttl}
 
@@ -175,6 +181,7 @@ def bench_sync(cfg: argparse.Namespace, dsn: str, report: Report) -> None:
     state = os.urandom(cfg.state_bytes)
     try:
         for concurrency in cfg.concurrency:
+            sides: dict[str, tuple[Lease, list[Token], Callable[[int], None]]] = {}
             for side in SIDES:
                 prefix = f"sync/{concurrency}/{side}"
                 backend = (UngroupedBackend if side == "no_group" else PostgresBackend)(pool)
@@ -186,14 +193,29 @@ def bench_sync(cfg: argparse.Namespace, dsn: str, report: Report) -> None:
                     step = _lease_step(lease, tokens, state)
                 for index in range(concurrency):  # warm every connection and plan
                     step(index)
-                _progress(f"  sync C={concurrency} {side}")
-                samples, seconds = _threads(concurrency, cfg.seconds, step)
+                sides[side] = (lease, tokens, step)
+            _progress(f"  sync C={concurrency}")
+            samples: dict[str, list[int]] = {side: [] for side in SIDES}
+            elapsed = dict.fromkeys(SIDES, 0.0)
+            for slice_index in range(cfg.slices):  # the sides take turns: drift hits all
+                for side in _rotated(slice_index):
+                    got, seconds = _threads(concurrency, cfg.seconds / cfg.slices, sides[side][2])
+                    samples[side] += got
+                    elapsed[side] += seconds
+            for side, (lease, tokens, _) in sides.items():
                 report.runs.append(
-                    Run("sync", concurrency, side, len(samples), seconds, Stats.of(samples))
+                    Run(
+                        "sync",
+                        concurrency,
+                        side,
+                        len(samples[side]),
+                        elapsed[side],
+                        Stats.of(samples[side]),
+                    )
                 )
                 for token in tokens:
                     lease.release(token, ExitMode.FINISHED)
-                backend.close()
+                lease.backend.close()  # type: ignore[attr-defined]
     finally:
         pool.close()
 
@@ -236,6 +258,7 @@ async def bench_async(cfg: argparse.Namespace, dsn: str, report: Report) -> None
     state = os.urandom(cfg.state_bytes)
     try:
         for concurrency in cfg.concurrency:
+            sides: dict[str, tuple[AsyncLease, list[Token], Callable[[int], Awaitable[None]]]] = {}
             for side in SIDES:
                 prefix = f"async/{concurrency}/{side}"
                 backend = (AsyncUngroupedBackend if side == "no_group" else AsyncPostgresBackend)(
@@ -249,14 +272,31 @@ async def bench_async(cfg: argparse.Namespace, dsn: str, report: Report) -> None
                     astep = _alease_step(lease, tokens, state)
                 for index in range(concurrency):
                     await astep(index)
-                _progress(f"  async C={concurrency} {side}")
-                samples, seconds = await _tasks(concurrency, cfg.seconds, astep)
+                sides[side] = (lease, tokens, astep)
+            _progress(f"  async C={concurrency}")
+            samples: dict[str, list[int]] = {side: [] for side in SIDES}
+            elapsed = dict.fromkeys(SIDES, 0.0)
+            for slice_index in range(cfg.slices):
+                for side in _rotated(slice_index):
+                    got, seconds = await _tasks(
+                        concurrency, cfg.seconds / cfg.slices, sides[side][2]
+                    )
+                    samples[side] += got
+                    elapsed[side] += seconds
+            for side, (lease, tokens, _) in sides.items():
                 report.runs.append(
-                    Run("async", concurrency, side, len(samples), seconds, Stats.of(samples))
+                    Run(
+                        "async",
+                        concurrency,
+                        side,
+                        len(samples[side]),
+                        elapsed[side],
+                        Stats.of(samples[side]),
+                    )
                 )
                 for token in tokens:
                     await lease.release(token, ExitMode.FINISHED)
-                await backend.close()
+                await lease.backend.close()  # type: ignore[attr-defined]
     finally:
         await pool.close()
 
@@ -287,7 +327,8 @@ def render_markdown(report: Report) -> str:
         f"{env.get('host', '?')}, Python {env.get('python', '?')}, "
         f"psycopg {env.get('packages', {}).get('psycopg', '?')}, {env.get('cpus', '?')} CPUs "
         "shared by client and server. "
-        f"{settings['seconds']:g} s per side and concurrency, a pool of "
+        f"{settings['seconds']:g} s per side and concurrency (in {settings['slices']} turns, "
+        "the sides alternating), a pool of "
         f"{settings['pool_size']} connections, checkpoint state {settings['state_bytes']} bytes.",
         "",
         "C holders each checkpoint their own work ID in a loop. **worklease**: one lease "
@@ -397,6 +438,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--dsn", default=default_dsn(), help="server to use (needs CREATEDB)")
     parser.add_argument("--seconds", type=float, default=10.0, help="per side and concurrency")
     parser.add_argument(
+        "--slices", type=int, default=5, help="turns the sides take within those seconds"
+    )
+    parser.add_argument(
         "--concurrency", type=int, nargs="+", default=list(CONCURRENCY), help="values of C"
     )
     parser.add_argument("--pool-size", type=int, default=8)
@@ -413,6 +457,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     report = Report(
         settings={
             "seconds": args.seconds,
+            "slices": args.slices,
             "concurrency": list(args.concurrency),
             "pool_size": args.pool_size,
             "ttl_s": args.ttl,

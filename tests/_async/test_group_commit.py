@@ -24,6 +24,7 @@ from worklease import (
     Token,
 )
 from worklease._acompat import AEvent
+from worklease._async.group import AsyncGroupCommit
 
 PROMPT = 10.0
 """Upper bound for 'promptly' on a loaded CI box."""
@@ -280,3 +281,42 @@ async def test_concurrent_renewals_and_releases_share_one_statement(
             if i != 3:  # released FINISHED: a successor sees it
                 successor = await backend.acquire(f"g{i}", "next", 30.0)
                 assert (await backend.read_checkpoint(successor)).prev_exit is ExitMode.FINISHED
+
+
+async def test_more_rounds_in_flight_keep_work_ids_apart() -> None:
+    """With two rounds allowed in flight, two lone callers write at once; a third caller
+    to a work ID already in flight waits for that round, then writes alone."""
+    in_one: list[str] = []
+    entered = AEvent()
+    gate = AEvent()
+    rounds: list[list[str]] = []
+
+    async def one(key: str) -> None:
+        in_one.append(key)
+        if len(in_one) == 2:
+            entered.set_threadsafe()
+        assert await gate.wait_timeout(PROMPT)
+
+    async def many(keys: list[str]) -> list[BaseException | None]:
+        rounds.append(keys)
+        return [None] * len(keys)
+
+    group: AsyncGroupCommit[str] = AsyncGroupCommit(one, many, operation="test", rounds=2)
+
+    async def run(index: int) -> object:
+        if index < 2:
+            await group.submit(f"k{index}", f"k{index}", None)
+        elif index == 2:  # the same work ID as a round in flight: queued
+            assert await entered.wait_timeout(PROMPT)
+            await group.submit("k0-again", "k0", None)
+        else:
+            assert await entered.wait_timeout(PROMPT)
+            await _until(lambda: [e.key for e in group._queue] == ["k0"])
+            gate.set_threadsafe()
+        return sorted(in_one)
+
+    results = await aspawn_all(run, 4)
+    assert not [r for r in results if isinstance(r, BaseException)], results
+    assert sorted(in_one) == ["k0", "k0-again", "k1"]
+    assert in_one[2] == "k0-again"  # after both rounds began, alone
+    assert rounds == []

@@ -27,6 +27,7 @@ from worklease import (
     Token,
 )
 from worklease._acompat import Event
+from worklease._sync.group import GroupCommit
 
 PROMPT = 10.0
 """Upper bound for 'promptly' on a loaded CI box."""
@@ -277,3 +278,42 @@ def test_concurrent_renewals_and_releases_share_one_statement(backend: Backend, 
             if i != 3:  # released FINISHED: a successor sees it
                 successor = backend.acquire(f"g{i}", "next", 30.0)
                 assert (backend.read_checkpoint(successor)).prev_exit is ExitMode.FINISHED
+
+
+def test_more_rounds_in_flight_keep_work_ids_apart() -> None:
+    """With two rounds allowed in flight, two lone callers write at once; a third caller
+    to a work ID already in flight waits for that round, then writes alone."""
+    in_one: list[str] = []
+    entered = Event()
+    gate = Event()
+    rounds: list[list[str]] = []
+
+    def one(key: str) -> None:
+        in_one.append(key)
+        if len(in_one) == 2:
+            entered.set()
+        assert gate.wait(PROMPT)
+
+    def many(keys: list[str]) -> list[BaseException | None]:
+        rounds.append(keys)
+        return [None] * len(keys)
+
+    group: GroupCommit[str] = GroupCommit(one, many, operation="test", rounds=2)
+
+    def run(index: int) -> object:
+        if index < 2:
+            group.submit(f"k{index}", f"k{index}", None)
+        elif index == 2:  # the same work ID as a round in flight: queued
+            assert entered.wait(PROMPT)
+            group.submit("k0-again", "k0", None)
+        else:
+            assert entered.wait(PROMPT)
+            _until(lambda: [e.key for e in group._queue] == ["k0"])
+            gate.set()
+        return sorted(in_one)
+
+    results = spawn_all(run, 4)
+    assert not [r for r in results if isinstance(r, BaseException)], results
+    assert sorted(in_one) == ["k0", "k0-again", "k1"]
+    assert in_one[2] == "k0-again"  # after both rounds began, alone
+    assert rounds == []

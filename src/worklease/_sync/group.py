@@ -31,6 +31,9 @@ T = TypeVar("T")
 
 _ROUND_LIMIT = 500
 """Most writes one round sends (one statement's arrays stay small)."""
+_ROUNDS = 1
+"""How many rounds may be in flight at once by default (ADR-0012: 2, 4 and 8 measured no
+clearly better than 1 on this 2-core machine shared with the server)."""
 
 
 class _Entry(Generic[T]):
@@ -49,7 +52,9 @@ class GroupCommit(Generic[T]):
     """Groups concurrent calls of one kind: ``submit(item, key, deadline)`` returns once the
     item is written (or raises its own error). ``one(item)`` writes a lone item;
     ``many(items)`` writes a round of several (distinct keys) and returns each one's error or
-    ``None``; a round is bounded by its latest ``deadline`` (monotonic; ``None``: none)."""
+    ``None``; a round is bounded by its latest ``deadline`` (monotonic; ``None``: none). Up
+    to ``rounds`` rounds are in flight at once (on as many connections); a work ID is in at
+    most one of them."""
 
     def __init__(
         self,
@@ -57,22 +62,25 @@ class GroupCommit(Generic[T]):
         many: WriteMany[T],
         *,
         operation: str,
+        rounds: int = _ROUNDS,
         limit: int = _ROUND_LIMIT,
     ) -> None:
         self._one = one
         self._many = many
         self._operation = operation
+        self._rounds = rounds
         self._limit = limit
         self._lock = ThreadLock()
         self._queue: list[_Entry[T]] = []
-        self._busy = False
+        self._in_flight = 0
+        self._keys: set[str] = set()  # the work IDs of the rounds in flight
 
     def submit(self, item: T, key: str, deadline: float | None) -> None:
         entry: _Entry[T] | None = None
         with self._lock:
-            lead = not self._busy
-            if lead:
-                self._busy = True
+            if self._in_flight < self._rounds and not self._queue and key not in self._keys:
+                self._in_flight += 1
+                self._keys.add(key)
             else:
                 entry = _Entry(item, key, deadline)
                 self._queue.append(entry)
@@ -85,18 +93,18 @@ class GroupCommit(Generic[T]):
                         self._queue.remove(entry)
                         raise
                 if entry.lead:  # woken to lead just then: pass that on
-                    self._hand_on()
+                    self._end_round([key])
                 raise
             if not entry.lead:
                 if entry.error is not None:
                     raise entry.error
                 return
-        joining = self._take(key)
+        joining = self._take()
         if not joining:  # alone: the single-item call, nothing added
             try:
                 self._one(item)
             finally:
-                self._hand_on()
+                self._end_round([key])
             return
         if entry is None:
             entry = _Entry(item, key, deadline)
@@ -104,19 +112,18 @@ class GroupCommit(Generic[T]):
         if entry.error is not None:
             raise entry.error
 
-    def _take(self, key: str) -> list[_Entry[T]]:
-        """The queued writes that join the leader's round: to other work IDs than its own
-        and each other's, in arrival order, up to the round's limit."""
+    def _take(self) -> list[_Entry[T]]:
+        """The queued writes that join a new leader's round: to work IDs in no round in
+        flight (the leader's own is), one write each, in arrival order, up to the limit."""
         with self._lock:
             if not self._queue:
                 return []
-            keys = {key}
             joining: list[_Entry[T]] = []
             rest: list[_Entry[T]] = []
             for entry in self._queue:
-                if len(joining) + 1 < self._limit and entry.key not in keys:
+                if len(joining) + 1 < self._limit and entry.key not in self._keys:
                     joining.append(entry)
-                    keys.add(entry.key)
+                    self._keys.add(entry.key)
                 else:
                     rest.append(entry)
             self._queue = rest
@@ -149,17 +156,28 @@ class GroupCommit(Generic[T]):
                 entry.error = outcome
                 entry.done.set()
         finally:
-            self._hand_on()
+            self._end_round([entry.key for entry in batch])
 
-    def _hand_on(self) -> None:
-        """The round is over: wake the first queued caller to lead the next one."""
+    def _end_round(self, keys: list[str]) -> None:
+        """A round is over: wake queued callers to lead the next rounds, as many as may be
+        in flight, each with a work ID no round in flight has."""
+        woken: list[_Entry[T]] = []
         with self._lock:
-            if not self._queue:
-                self._busy = False
-                return
-            entry = self._queue.pop(0)
-            entry.lead = True
-        entry.done.set()
+            self._keys.difference_update(keys)
+            self._in_flight -= 1
+            index = 0
+            while self._in_flight < self._rounds and index < len(self._queue):
+                entry = self._queue[index]
+                if entry.key in self._keys:
+                    index += 1
+                    continue
+                del self._queue[index]
+                entry.lead = True
+                self._in_flight += 1
+                self._keys.add(entry.key)
+                woken.append(entry)
+        for entry in woken:
+            entry.done.set()
 
 
 def _each(error: Exception) -> BaseException:
