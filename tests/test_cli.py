@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
+import os
 import subprocess
 import sys
 from datetime import UTC, datetime
@@ -12,6 +14,7 @@ from time import sleep
 import pytest
 from psycopg_pool import ConnectionPool
 
+import worklease
 from tests import pg
 from worklease import ExitMode, PostgresBackend, schema_sql
 
@@ -24,14 +27,20 @@ CONSOLE_SCRIPT = Path(sys.executable).with_name("worklease")
 """The installed console script (``pip install`` puts it beside the interpreter)."""
 
 
-def run(*args: str) -> subprocess.CompletedProcess[str]:
-    """Run the real ``worklease`` console script."""
+def run(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """Run the real ``worklease`` console script (``env``: added to the environment, with
+    the DSN variables cleared first)."""
+    environment = {
+        k: v for k, v in os.environ.items() if k not in ("WORKLEASE_DSN", "DATABASE_URL")
+    }
+    environment.update(env or {})
     return subprocess.run(
         [str(CONSOLE_SCRIPT), *args],
         capture_output=True,
         text=True,
         timeout=60,
         check=False,
+        env=environment,
     )
 
 
@@ -100,7 +109,10 @@ def test_migrate_unreachable_database_is_one_line() -> None:
     result = run("migrate", "--dsn", "host=127.0.0.1 port=1 user=postgres connect_timeout=3")
     assert result.returncode == 1
     assert result.stderr.count("\n") == 1
-    assert result.stderr.startswith("worklease migrate: migrate failed:")
+    # the message names the database it tried (never a password)
+    assert result.stderr.startswith(
+        "worklease migrate: migrate failed on host=127.0.0.1 port=1 user=postgres:"
+    )
     assert "Traceback" not in result.stderr
 
 
@@ -285,7 +297,9 @@ def test_status_on_a_missing_schema_names_the_fix(postgres_dsn: str) -> None:
 def test_status_unreachable_database_is_one_line() -> None:
     result = run("status", "--dsn", "host=127.0.0.1 port=1 user=postgres connect_timeout=3")
     assert result.returncode == 1
-    assert result.stderr.startswith("worklease status: cannot connect:")
+    assert result.stderr.startswith(
+        "worklease status: cannot connect to host=127.0.0.1 port=1 user=postgres:"
+    )
     assert result.stderr.count("\n") == 1
 
 
@@ -323,3 +337,56 @@ def test_check_bad_ttl_is_one_line_and_status_1() -> None:
     result = run("check", "--dsn", "host=nowhere.invalid", "--ttl", "soon")
     assert result.returncode == 1
     assert result.stderr.startswith("worklease check: ")
+
+
+def test_version() -> None:
+    result = run("--version")
+    assert result.returncode == 0
+    assert result.stdout.strip() == f"worklease {worklease.__version__}"
+    assert worklease.__version__ == importlib.metadata.version("worklease")  # one source
+
+
+UNREACHABLE = "host=127.0.0.1 port=1 user=postgres dbname={} connect_timeout=3"
+
+
+@pytest.mark.parametrize(
+    ("given", "env", "reached"),
+    [
+        # --dsn first, then WORKLEASE_DSN, then DATABASE_URL, then libpq's variables
+        (
+            UNREACHABLE.format("from_flag"),
+            {
+                "WORKLEASE_DSN": UNREACHABLE.format("from_worklease"),
+                "DATABASE_URL": UNREACHABLE.format("from_url"),
+            },
+            "from_flag",
+        ),
+        (
+            None,
+            {
+                "WORKLEASE_DSN": UNREACHABLE.format("from_worklease"),
+                "DATABASE_URL": UNREACHABLE.format("from_url"),
+            },
+            "from_worklease",
+        ),
+        (None, {"DATABASE_URL": "postgresql://postgres@127.0.0.1:1/from_url"}, "from_url"),
+        (
+            None,
+            {
+                "PGHOST": "127.0.0.1",
+                "PGPORT": "1",
+                "PGDATABASE": "from_pg",
+                "PGUSER": "postgres",
+                "PGCONNECT_TIMEOUT": "3",
+            },
+            "from_pg",
+        ),
+    ],
+)
+def test_dsn_comes_from_the_flag_then_the_environment(
+    given: str | None, env: dict[str, str], reached: str
+) -> None:
+    args = ["status"] if given is None else ["status", "--dsn", given]
+    result = run(*args, env=env)
+    assert result.returncode == 1
+    assert f"dbname={reached}" in result.stderr, result.stderr

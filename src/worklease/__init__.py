@@ -11,6 +11,9 @@ threads and scripts. Backends: PostgreSQL for production, in-memory for tests.
 
 from __future__ import annotations
 
+from importlib import import_module
+from typing import TYPE_CHECKING, Any
+
 from ._async.backend import AsyncAcquireMany as AsyncAcquireMany
 from ._async.backend import AsyncAcquireWithCheckpoint as AsyncAcquireWithCheckpoint
 from ._async.backend import AsyncBackend as AsyncBackend
@@ -21,27 +24,22 @@ from ._async.backend import AsyncReleaseMany as AsyncReleaseMany
 from ._async.backend import AsyncRenewMany as AsyncRenewMany
 from ._async.backend import AsyncSurvey as AsyncSurvey
 from ._async.backend import AsyncTransactional as AsyncTransactional
-from ._async.check import acheck_postgres as acheck_postgres
 from ._async.hold import AsyncHold as AsyncHold
 from ._async.leader import AsyncLeader as AsyncLeader
 from ._async.lease import AsyncLease as AsyncLease
 from ._async.memory import AsyncMemoryBackend as AsyncMemoryBackend
 from ._async.pool import AsyncPool as AsyncPool
-from ._async.postgres import AsyncPostgresBackend as AsyncPostgresBackend
 from ._async.renewal import AsyncRenewal as AsyncRenewal
 from ._async.runner import AsyncRunner as AsyncRunner
 from ._async.transaction import AsyncLeaseTransaction as AsyncLeaseTransaction
 from ._async.vacuum import AsyncVacuum as AsyncVacuum
 from ._async.watch import AsyncReleaseWatching as AsyncReleaseWatching
-from ._check import CheckFinding as CheckFinding
-from ._check import CheckReport as CheckReport
 from ._context import current_renewal as current_renewal
 from ._fairshare import PoolSurvey as PoolSurvey
 from ._models import Checkpoint as Checkpoint
 from ._models import ExitMode as ExitMode
 from ._models import Operation as Operation
 from ._models import Token as Token
-from ._pg import schema_sql as schema_sql
 from ._sync.backend import AcquireMany as AcquireMany
 from ._sync.backend import AcquireWithCheckpoint as AcquireWithCheckpoint
 from ._sync.backend import Backend as Backend
@@ -52,13 +50,11 @@ from ._sync.backend import ReleaseMany as ReleaseMany
 from ._sync.backend import RenewMany as RenewMany
 from ._sync.backend import Survey as Survey
 from ._sync.backend import Transactional as Transactional
-from ._sync.check import check_postgres as check_postgres
 from ._sync.hold import Hold as Hold
 from ._sync.leader import Leader as Leader
 from ._sync.lease import Lease as Lease
 from ._sync.memory import MemoryBackend as MemoryBackend
 from ._sync.pool import Pool as Pool
-from ._sync.postgres import PostgresBackend as PostgresBackend
 from ._sync.renewal import Renewal as Renewal
 from ._sync.runner import Runner as Runner
 from ._sync.transaction import LeaseTransaction as LeaseTransaction
@@ -117,6 +113,41 @@ from .observers import SlotRetiredEvent as SlotRetiredEvent
 from .observers import SlotShedEvent as SlotShedEvent
 from .observers import SweepEvent as SweepEvent
 from .observers import VacuumObserver as VacuumObserver
+
+# The PostgreSQL names load psycopg: they are imported on first use (PEP 562), so the memory
+# backend, FakeClock and the quick start work where psycopg or libpq is missing.
+if TYPE_CHECKING:
+    from ._async.check import acheck_postgres as acheck_postgres
+    from ._async.postgres import AsyncPostgresBackend as AsyncPostgresBackend
+    from ._check import CheckFinding as CheckFinding
+    from ._check import CheckReport as CheckReport
+    from ._pg import schema_sql as schema_sql
+    from ._sync.check import check_postgres as check_postgres
+    from ._sync.postgres import PostgresBackend as PostgresBackend
+
+_LAZY = {
+    "AsyncPostgresBackend": "._async.postgres",
+    "PostgresBackend": "._sync.postgres",
+    "acheck_postgres": "._async.check",
+    "check_postgres": "._sync.check",
+    "CheckFinding": "._check",
+    "CheckReport": "._check",
+    "schema_sql": "._pg",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'worklease' has no attribute {name!r}")
+    value = getattr(import_module(module, __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_LAZY})
+
 
 __version__ = "0.1.0.dev0"
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
@@ -18,8 +19,10 @@ from typing import Any
 
 import psycopg
 from psycopg import sql
+from psycopg.conninfo import conninfo_to_dict
 from psycopg.rows import tuple_row
 
+from . import __version__
 from ._duration import format_duration, glob_to_regex, parse_duration
 from ._failures import first_line
 from ._models import Checkpoint, Token
@@ -30,6 +33,14 @@ from ._sync.memory import MemoryBackend
 from ._sync.postgres import PostgresBackend, run_statement
 from ._sync.runner import Runner
 from .errors import WorkleaseError
+
+DSN_VARIABLES = ("WORKLEASE_DSN", "DATABASE_URL")
+"""Where a command finds its DSN without ``--dsn``, in this order; then libpq's own ``PG*``
+variables (PGHOST, PGDATABASE, ...) and defaults apply."""
+DSN_HELP = (
+    "libpq connection string or URI (default: $WORKLEASE_DSN, else $DATABASE_URL, else "
+    "libpq's PG* variables)"
+)
 
 __all__ = ["main"]
 
@@ -61,10 +72,49 @@ def _table_exists(conn: psycopg.Connection[tuple[object, ...]], schema: str | No
     return row is not None and row[0] is not None
 
 
+def resolve_dsn(given: str | None) -> str:
+    """The DSN a command uses: ``--dsn``, else the first of ``DSN_VARIABLES`` set, else ""
+    (libpq's ``PG*`` variables and defaults)."""
+    if given:
+        return given
+    for name in DSN_VARIABLES:
+        value = os.environ.get(name)
+        if value:
+            return value
+    return ""
+
+
+def describe_target(dsn: str) -> str:
+    """Which database ``dsn`` names (host, port, database, user; libpq's variables fill in
+    what it leaves out), for error messages; never the password."""
+    try:
+        parts = conninfo_to_dict(dsn)
+    except psycopg.ProgrammingError:
+        return "an invalid DSN"
+    for key, variable in (
+        ("host", "PGHOST"),
+        ("port", "PGPORT"),
+        ("dbname", "PGDATABASE"),
+        ("user", "PGUSER"),
+    ):
+        if not parts.get(key) and os.environ.get(variable):
+            parts[key] = os.environ[variable]
+    shown = " ".join(
+        f"{key}={parts[key]}" for key in ("host", "port", "dbname", "user") if parts.get(key)
+    )
+    return shown or "libpq's default database"
+
+
+def reached(conn: psycopg.Connection[Any]) -> str:
+    """The database a connection reached, for error messages."""
+    info = conn.info
+    return f"database {info.dbname!r} on {info.host}:{info.port}"
+
+
 def _migrate(args: argparse.Namespace) -> None:
     schema = args.schema
     try:
-        with psycopg.connect(args.dsn or "", autocommit=True, connect_timeout=10) as conn:
+        with psycopg.connect(args.dsn, autocommit=True, connect_timeout=10) as conn:
             existed = _table_exists(conn, schema)
             PostgresBackend.apply_schema(conn, schema=schema)
             where = f"schema {schema!r}" if schema else "the search path's first schema"
@@ -73,14 +123,16 @@ def _migrate(args: argparse.Namespace) -> None:
             else:
                 print(f"created the worklease table, sequence and index in {where}")
     except psycopg.Error as exc:
-        raise CommandError(f"migrate failed: {first_line(exc)}") from exc
+        raise CommandError(
+            f"migrate failed on {describe_target(args.dsn)}: {first_line(exc)}"
+        ) from exc
 
 
 def _connect(dsn: str) -> psycopg.Connection[tuple[Any, ...]]:
     try:
         return psycopg.connect(dsn, autocommit=True, connect_timeout=10, row_factory=tuple_row)
     except psycopg.Error as exc:
-        raise CommandError(f"cannot connect: {first_line(exc)}") from exc
+        raise CommandError(f"cannot connect to {describe_target(dsn)}: {first_line(exc)}") from exc
 
 
 def _query(
@@ -93,7 +145,7 @@ def _query(
     try:
         return run_statement(conn, operation, statement, params)
     except psycopg.Error as exc:
-        raise map_error(exc, operation) from exc
+        raise CommandError(f"{map_error(exc, operation)} (on {reached(conn)})") from exc
 
 
 STATUS_COLUMNS = (
@@ -228,7 +280,7 @@ def _sweep(args: argparse.Namespace) -> None:
 
 def _check(args: argparse.Namespace) -> None:
     report = check_postgres(
-        args.dsn or "",
+        args.dsn,
         schema=args.schema,
         listen_dsn=args.listen_dsn,
         ttl=parse_duration(args.ttl),
@@ -251,8 +303,11 @@ class _Quiet(Exception):
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="worklease",
-        description="Lease-based work coordination with checkpointed handoff.",
+        description="Lease-based work coordination with checkpointed handoff. Commands that "
+        "reach a database take --dsn, else $WORKLEASE_DSN, else $DATABASE_URL, else libpq's "
+        "PG* variables.",
     )
+    parser.add_argument("--version", action="version", version=f"worklease {__version__}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     demo = commands.add_parser(
@@ -279,9 +334,7 @@ def _parser() -> argparse.ArgumentParser:
         "again. The DSN may also come from the standard libpq environment variables "
         "(PGHOST, PGDATABASE, PGUSER, ...).",
     )
-    migrate.add_argument(
-        "--dsn", default="", help="libpq connection string or URI (default: PG* variables)"
-    )
+    migrate.add_argument("--dsn", help=DSN_HELP)
     migrate.add_argument("--schema", metavar="NAME", help="create the objects in this schema")
     migrate.set_defaults(handler=_migrate)
 
@@ -294,7 +347,7 @@ def _parser() -> argparse.ArgumentParser:
         "(or since), checkpoint size and last update. The DSN may also come from the libpq "
         "environment variables.",
     )
-    status.add_argument("--dsn", default="", help="libpq connection string or URI")
+    status.add_argument("--dsn", help=DSN_HELP)
     status.add_argument("--schema", metavar="NAME", help="the schema holding the tables")
     status.add_argument(
         "--work-id", metavar="GLOB", help="only work IDs matching this glob (*, ?, [abc], [!a])"
@@ -321,7 +374,7 @@ def _parser() -> argparse.ArgumentParser:
         "FINISHED or ABANDONED are never deleted. DURATION: a number with a unit, units "
         "combinable: 500ms, 90s, 15m, 2h, 7d, 1h30m.",
     )
-    sweep.add_argument("--dsn", default="", help="libpq connection string or URI")
+    sweep.add_argument("--dsn", help=DSN_HELP)
     sweep.add_argument("--schema", metavar="NAME", help="the schema holding the tables")
     sweep.add_argument("--retention", required=True, metavar="DURATION", help="e.g. 7d, 12h, 1h30m")
     sweep.add_argument(
@@ -342,7 +395,7 @@ def _parser() -> argparse.ArgumentParser:
         "through --listen-dsn). Each line is ok, warn or fail; the exit status is 1 when a "
         "check failed (or, with --strict, warned).",
     )
-    check.add_argument("--dsn", default="", help="libpq connection string or URI")
+    check.add_argument("--dsn", help=DSN_HELP)
     check.add_argument("--schema", metavar="NAME", help="the schema holding the tables")
     check.add_argument(
         "--listen-dsn", metavar="DSN", help="also check the release listener on this route"
@@ -362,6 +415,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if getattr(args, "schema", None) is not None:
             check_schema_name(args.schema)
+        if hasattr(args, "dsn"):
+            args.dsn = resolve_dsn(args.dsn)
         args.handler(args)
     except _Quiet:
         return 1

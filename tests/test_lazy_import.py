@@ -1,0 +1,60 @@
+"""``import worklease`` does not import psycopg until a PostgreSQL name is used (PEP 562)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+WITHOUT_PSYCOPG = """
+import sys
+sys.modules["psycopg"] = None  # as if psycopg (or libpq) were missing: importing it fails
+sys.modules["psycopg_pool"] = None
+import worklease
+from worklease.testing import FakeClock
+clock = FakeClock()
+lease = worklease.Lease(worklease.MemoryBackend(clock=clock), holder_id="h", ttl=30)
+token = lease.acquire("w")
+lease.checkpoint(token, b"state")
+lease.release(token, worklease.ExitMode.FINISHED)
+assert dir(worklease).count("PostgresBackend") == 1
+try:
+    worklease.PostgresBackend
+except ImportError:
+    print("ok")
+"""
+
+
+def test_import_worklease_leaves_psycopg_unimported() -> None:
+    code = "import worklease, sys; worklease.MemoryBackend(); print('psycopg' in sys.modules)"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "False"
+
+
+def test_the_memory_backend_works_without_psycopg() -> None:
+    result = subprocess.run(
+        [sys.executable, "-c", WITHOUT_PSYCOPG], capture_output=True, text=True, cwd=ROOT
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "ok"
+
+
+def test_postgres_names_load_on_first_use() -> None:
+    code = (
+        "import worklease, sys\n"
+        "assert 'psycopg' not in sys.modules\n"
+        "from worklease import PostgresBackend, AsyncPostgresBackend, schema_sql\n"
+        "assert 'psycopg' in sys.modules\n"
+        "assert PostgresBackend.__name__ == 'PostgresBackend'\n"
+        "assert 'CREATE TABLE' in schema_sql()\n"
+        "try:\n"
+        "    worklease.NoSuchName\n"
+        "except AttributeError as exc:\n"
+        "    print(exc)\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    assert "has no attribute 'NoSuchName'" in result.stdout
