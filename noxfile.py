@@ -1,11 +1,11 @@
-"""Developer sessions: nox -s generate | generate-check | lint | tests (| faults | bench |
-bench-scale)."""
+"""Developer sessions: nox -s generate | generate-check | lint | tests | docs (| faults |
+bench | bench-scale)."""
 
 from __future__ import annotations
 
 import nox
 
-nox.options.sessions = ["generate-check", "lint", "tests"]
+nox.options.sessions = ["generate-check", "lint", "tests", "docs"]
 nox.options.error_on_missing_interpreters = False  # 3.12/3.13 are optional on a dev box
 
 # The one interpreter that defines generated output (f-string tokenization changed in 3.12).
@@ -37,6 +37,23 @@ def lint(session: nox.Session) -> None:
     session.run("ruff", "check", *paths)
     session.run("ruff", "format", "--check", *paths)
     session.run("mypy")
+
+
+@nox.session(python=GEN_PYTHON)
+def docs(session: nox.Session) -> None:
+    """The documentation site (Sphinx + furo + MyST) -> docs/_build/html, warnings as
+    errors."""
+    session.install("-e", ".[docs]")
+    session.run(
+        "sphinx-build",
+        "-W",
+        "--keep-going",
+        "-b",
+        "html",
+        "docs",
+        "docs/_build/html",
+        *session.posargs,
+    )
 
 
 @nox.session(python=GEN_PYTHON)
