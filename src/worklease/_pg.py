@@ -79,22 +79,46 @@ def single_statement(statement: bytes) -> bytes | None:
     return _SINGLE.get(statement)
 
 
-SHOW_ISOLATION = b"SHOW default_transaction_isolation"
-_READ_COMMITTED: weakref.WeakKeyDictionary[Any, bool] = weakref.WeakKeyDictionary()
-"""Per connection: whether a statement sent alone in autocommit runs READ COMMITTED."""
+CONNECTION_TRAITS = (
+    b"SELECT current_setting('default_transaction_isolation'), "
+    b"(SELECT setting::bigint FROM pg_settings WHERE name = 'statement_timeout')"
+)
+"""What the prepared path needs to know of a connection, asked once: its default isolation
+and its session's ``statement_timeout`` (milliseconds, 0: none), from the role, database,
+``options`` or a ``SET``."""
 
 
-def reads_committed(conn: Any) -> bool | None:
-    """What ``learn_isolation`` found for ``conn`` (``None``: not asked yet)."""
-    return _READ_COMMITTED.get(conn)
+@dataclass(frozen=True, slots=True)
+class ConnectionTraits:
+    read_committed: bool
+    statement_timeout_ms: int
+
+    def sends_prepared(self, bound: float | None) -> bool:
+        """Whether a statement may go prepared, alone: the connection reads committed, and
+        a bounded statement (``bound`` seconds) is not cut short by a shorter session
+        ``statement_timeout`` (the simple query overrides it for the statement, as its
+        bound)."""
+        if not self.read_committed:
+            return False
+        if bound is None or self.statement_timeout_ms == 0:
+            return True
+        return self.statement_timeout_ms >= int(statement_timeout(bound))
 
 
-def learn_isolation(conn: Any, rows: Rows) -> bool:
-    """Remember the result of ``SHOW_ISOLATION`` on ``conn`` (asked once per connection):
-    only a connection reading committed may get statements without the isolation pin."""
-    found = bool(rows) and rows[0][0] == "read committed"
-    _READ_COMMITTED[conn] = found
-    return found
+_TRAITS: weakref.WeakKeyDictionary[Any, ConnectionTraits] = weakref.WeakKeyDictionary()
+
+
+def known_traits(conn: Any) -> ConnectionTraits | None:
+    """What ``learn_traits`` found for ``conn`` (``None``: not asked yet)."""
+    return _TRAITS.get(conn)
+
+
+def learn_traits(conn: Any, rows: Rows) -> ConnectionTraits:
+    """Remember the result of ``CONNECTION_TRAITS`` on ``conn``."""
+    isolation, timeout = rows[0] if rows else (None, None)
+    traits = ConnectionTraits(isolation == "read committed", int(timeout or 0))
+    _TRAITS[conn] = traits
+    return traits
 
 
 TABLE = "worklease_leases"

@@ -25,15 +25,16 @@ from .._failures import closed, commit_unknown, fenced, lease_lapsed
 from .._fairshare import PoolSurvey
 from .._models import Checkpoint, ExitMode, Token
 from .._pg import (
-    SHOW_ISOLATION,
+    CONNECTION_TRAITS,
+    ConnectionTraits,
     Rows,
     Statements,
     check_listen_dsn,
     check_schema_name,
-    learn_isolation,
+    known_traits,
+    learn_traits,
     map_error,
     must_discard,
-    reads_committed,
     schema_statements,
     single_statement,
     statement_timeout,
@@ -794,8 +795,9 @@ def run_statement(
 ) -> tuple[Rows, int]:
     """Execute one worklease statement on ``conn`` in autocommit; return the rows and row
     count of its last result. ``single`` (the statement without its isolation pin) is sent
-    prepared when the connection reads committed by default, bounded by a cancel request
-    after ``bound`` seconds; otherwise ``statement`` goes as a simple query (parameters bound
+    prepared when the connection reads committed by default and its session has no shorter
+    ``statement_timeout`` than ``bound``, bounded by a cancel request after ``bound``
+    seconds; otherwise ``statement`` goes as a simple query (parameters bound
     client-side; with ``bound`` it is the bounded text and gets its ``statement_timeout``). A
     connection left in an unknown state is closed; driver errors are raised as they are
     (``map_error``), a statement cancelled at its bound as a transient ``BackendError``."""
@@ -804,7 +806,7 @@ def run_statement(
     try:
         if restore:
             conn.set_autocommit(True)
-        if single is not None and _reads_committed(conn):
+        if single is not None and (_traits(conn)).sends_prepared(bound):
             cursor: Cursor[Any] = Cursor(conn, row_factory=tuple_row)
             if bound is not None:
                 ticket = watch_statement(conn, bound)
@@ -841,13 +843,13 @@ def run_statement(
             conn.set_autocommit(False)
 
 
-def _reads_committed(conn: Connection[Any]) -> bool:
-    """Whether a statement sent alone on ``conn`` runs READ COMMITTED (asked once)."""
-    known = reads_committed(conn)
+def _traits(conn: Connection[Any]) -> ConnectionTraits:
+    """What the prepared path needs to know of ``conn`` (asked once per connection)."""
+    known = known_traits(conn)
     if known is None:
         cursor = ClientCursor(conn, row_factory=tuple_row)
-        cursor.execute(SHOW_ISOLATION)
-        known = learn_isolation(conn, cursor.fetchall())
+        cursor.execute(CONNECTION_TRAITS)
+        known = learn_traits(conn, cursor.fetchall())
     return known
 
 
