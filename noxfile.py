@@ -5,6 +5,14 @@ from __future__ import annotations
 
 import nox
 
+PYPROJECT = nox.project.load_toml("pyproject.toml")
+
+
+def group(name: str) -> list[str]:
+    """The requirements of one dependency group of pyproject.toml."""
+    return list(nox.project.dependency_groups(PYPROJECT, name))
+
+
 nox.options.sessions = ["generate-check", "lint", "tests", "docs"]
 nox.options.error_on_missing_interpreters = False  # 3.12/3.13 are optional on a dev box
 
@@ -32,7 +40,7 @@ def generate_check(session: nox.Session) -> None:
 def lint(session: nox.Session) -> None:
     """ruff (lint + format) and mypy --strict over both flavours, tests, examples, scripts,
     benchmarks."""
-    session.install("-e", ".[dev]")
+    session.install("-e", ".", *group("dev"))
     paths = ("src", "tests", "scripts", "examples", "benchmarks", "noxfile.py")
     session.run("ruff", "check", *paths)
     session.run("ruff", "format", "--check", *paths)
@@ -43,7 +51,7 @@ def lint(session: nox.Session) -> None:
 def docs(session: nox.Session) -> None:
     """The documentation site (Sphinx + furo + MyST) -> docs/_build/html, warnings as
     errors."""
-    session.install("-e", ".[docs]")
+    session.install("-e", ".", *group("docs"))
     session.run(
         "sphinx-build",
         "-W",
@@ -59,7 +67,7 @@ def docs(session: nox.Session) -> None:
 @nox.session(python=GEN_PYTHON)
 def faults(session: nox.Session) -> None:
     """The fault-injection and model-based tests in their long variants."""
-    session.install("-e", ".[test]")
+    session.install("-e", ".", *group("test"))
     session.env["WORKLEASE_FAULTS_LONG"] = "1"
     session.run(
         "python",
@@ -76,7 +84,7 @@ def faults(session: nox.Session) -> None:
 @nox.session(python=PYTHONS)
 def tests(session: nox.Session) -> None:
     """The whole test suite (both flavours, every backend that is reachable)."""
-    session.install("-e", ".[test]")
+    session.install("-e", ".", *group("test"))
     session.run("python", "-m", "pytest", *session.posargs)
 
 
@@ -86,7 +94,7 @@ def bench(session: nox.Session) -> None:
     transactional steps and checkpoint throughput under concurrency (group commit) ->
     benchmarks/results/ (not a default session). Arguments go to bench_ops.py:
     nox -s bench -- --iterations 500 --dsn DSN."""
-    session.install("-e", ".[bench,test]")
+    session.install("-e", ".[bench]", *group("test"))
     session.run("python", "benchmarks/bench_ops.py", *session.posargs)
     dsn = [arg for arg in session.posargs if arg.startswith("--dsn")]
     if "--dsn" in dsn:
@@ -103,5 +111,5 @@ def bench_scale(session: nox.Session) -> None:
     design -> benchmarks/results/fairshare.* (not a default session). Arguments go to the
     script: nox -s bench-scale -- --work-ids 2000 --skip-scan. The earlier scan-vs-per-slot
     comparison stays runnable as python benchmarks/bench_scale.py."""
-    session.install("-e", ".[bench,test]")
+    session.install("-e", ".[bench]", *group("test"))
     session.run("python", "benchmarks/bench_fairshare.py", *session.posargs)

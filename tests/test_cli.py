@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.metadata
 import json
 import os
+import signal
 import subprocess
 import sys
 from datetime import UTC, datetime
@@ -390,3 +391,33 @@ def test_dsn_comes_from_the_flag_then_the_environment(
     result = run(*args, env=env)
     assert result.returncode == 1
     assert f"dbname={reached}" in result.stderr, result.stderr
+
+
+def test_status_watch_redraws_in_place_until_interrupted(postgres_dsn: str) -> None:
+    _make_rows(postgres_dsn)
+    process = subprocess.Popen(
+        [str(CONSOLE_SCRIPT), "status", "--dsn", postgres_dsn, "--watch", "100ms"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        sleep(1.5)
+    finally:
+        process.send_signal(signal.SIGINT)
+        out, err = process.communicate(timeout=30)
+    assert process.returncode == 0, err
+    frames = out.split("\x1b[H\x1b[2J")[1:]
+    assert len(frames) >= 2, out  # drawn more than once, each time from the top
+    for frame in frames[:-1]:  # the last may be cut short by the interrupt
+        assert frame.startswith("every 100ms, "), frame
+        assert "held-1" in frame
+    assert "Traceback" not in err
+
+
+def test_status_watch_refuses_json() -> None:
+    result = run("status", "--dsn", "host=127.0.0.1 port=1", "--watch", "--json")
+    assert result.returncode == 1
+    assert (
+        result.stderr == "worklease status: --watch redraws a table: it does not go with --json\n"
+    )

@@ -23,6 +23,7 @@ from psycopg.conninfo import conninfo_to_dict
 from psycopg.rows import tuple_row
 
 from . import __version__
+from ._acompat import sleep
 from ._duration import format_duration, glob_to_regex, parse_duration
 from ._failures import first_line
 from ._models import Checkpoint, Token
@@ -168,7 +169,33 @@ def _iso(value: datetime | None, timespec: str = "auto") -> str | None:
     return value.astimezone(UTC).isoformat(timespec=timespec).replace("+00:00", "Z")
 
 
+CLEAR_SCREEN = "\x1b[H\x1b[2J"
+"""ANSI: cursor home, clear the screen (``status --watch`` redraws in place)."""
+
+
 def _status(args: argparse.Namespace) -> None:
+    watch = args.watch
+    if watch is None:
+        _status_once(args)
+        return
+    if args.json:
+        raise CommandError("--watch redraws a table: it does not go with --json")
+    interval = parse_duration(watch)
+    if interval <= 0:
+        raise CommandError(f"--watch interval must be positive, got {watch!r}")
+    try:
+        while True:
+            sys.stdout.write(CLEAR_SCREEN)
+            stamp = datetime.now(UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
+            print(f"every {watch}, {stamp} (Ctrl-C to stop)\n")
+            _status_once(args)
+            sys.stdout.flush()
+            sleep(interval)
+    except KeyboardInterrupt:
+        print()
+
+
+def _status_once(args: argparse.Namespace) -> None:
     pattern = glob_to_regex(args.work_id) if args.work_id is not None else None
     statements = Statements(args.schema)
     if args.by_holder:
@@ -359,6 +386,13 @@ def _parser() -> argparse.ArgumentParser:
         "--json", action="store_true", help="print one JSON array of objects instead"
     )
     status.add_argument(
+        "--watch",
+        nargs="?",
+        const="2s",
+        metavar="INTERVAL",
+        help="redraw the table in place every INTERVAL (default 2s) until Ctrl-C",
+    )
+    status.add_argument(
         "--by-holder",
         action="store_true",
         help="count held work IDs (and pool-group memberships) per holder instead",
@@ -426,6 +460,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:  # the reader went away (| head): nothing more to say
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
     return 0
 
 
