@@ -320,3 +320,45 @@ async def test_more_rounds_in_flight_keep_work_ids_apart() -> None:
     assert sorted(in_one) == ["k0", "k0-again", "k1"]
     assert in_one[2] == "k0-again"  # after both rounds began, alone
     assert rounds == []
+
+
+async def test_a_round_is_bounded_by_the_latest_deadline_among_its_callers() -> None:
+    """A caller near the end of its window does not cut the others' round short, and a
+    caller without a deadline does not lift theirs."""
+    from worklease._deadline import seconds_left
+    from worklease._window import monotonic
+
+    entered = AEvent()
+    gate = AEvent()
+    seen: list[float | None] = []
+
+    async def one(key: str) -> None:
+        entered.set_threadsafe()
+        assert await gate.wait_timeout(PROMPT)
+
+    async def many(keys: list[str]) -> list[BaseException | None]:
+        seen.append(seconds_left())
+        return [None] * len(keys)
+
+    group: AsyncGroupCommit[str] = AsyncGroupCommit(one, many, operation="test")
+    now = monotonic()
+    deadlines = {"soon": now + 5.0, "later": now + 50.0, "none": None}
+
+    async def run(index: int) -> None:
+        if index == 0:
+            await group.submit("lone", "lone", None)
+        elif index <= 3:
+            assert await entered.wait_timeout(PROMPT)
+            key = list(deadlines)[index - 1]
+            await group.submit(key, key, deadlines[key])
+        else:
+            assert await entered.wait_timeout(PROMPT)
+            await _until(lambda: len(group._queue) == 3)
+            gate.set_threadsafe()
+
+    results = await aspawn_all(run, 5)
+    assert not [r for r in results if isinstance(r, BaseException)], results
+    assert len(seen) == 1
+    left = seen[0]
+    assert left is not None
+    assert 40.0 < left <= 50.0  # the latest deadline, not the soonest, and not none

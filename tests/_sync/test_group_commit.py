@@ -317,3 +317,45 @@ def test_more_rounds_in_flight_keep_work_ids_apart() -> None:
     assert sorted(in_one) == ["k0", "k0-again", "k1"]
     assert in_one[2] == "k0-again"  # after both rounds began, alone
     assert rounds == []
+
+
+def test_a_round_is_bounded_by_the_latest_deadline_among_its_callers() -> None:
+    """A caller near the end of its window does not cut the others' round short, and a
+    caller without a deadline does not lift theirs."""
+    from worklease._deadline import seconds_left
+    from worklease._window import monotonic
+
+    entered = Event()
+    gate = Event()
+    seen: list[float | None] = []
+
+    def one(key: str) -> None:
+        entered.set()
+        assert gate.wait(PROMPT)
+
+    def many(keys: list[str]) -> list[BaseException | None]:
+        seen.append(seconds_left())
+        return [None] * len(keys)
+
+    group: GroupCommit[str] = GroupCommit(one, many, operation="test")
+    now = monotonic()
+    deadlines = {"soon": now + 5.0, "later": now + 50.0, "none": None}
+
+    def run(index: int) -> None:
+        if index == 0:
+            group.submit("lone", "lone", None)
+        elif index <= 3:
+            assert entered.wait(PROMPT)
+            key = list(deadlines)[index - 1]
+            group.submit(key, key, deadlines[key])
+        else:
+            assert entered.wait(PROMPT)
+            _until(lambda: len(group._queue) == 3)
+            gate.set()
+
+    results = spawn_all(run, 5)
+    assert not [r for r in results if isinstance(r, BaseException)], results
+    assert len(seen) == 1
+    left = seen[0]
+    assert left is not None
+    assert 40.0 < left <= 50.0  # the latest deadline, not the soonest, and not none

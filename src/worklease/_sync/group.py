@@ -134,9 +134,10 @@ class GroupCommit(Generic[T]):
             # One statement cannot honour each caller's own deadline: the round is bounded by
             # the latest, so a caller near the end of its window never fails the others'
             # writes (each write stays fenced server-side; the earlier caller's renewal reports
-            # its loss meanwhile). No deadline at all when one caller has none.
-            deadlines = [entry.deadline for entry in batch]
-            bound = None if None in deadlines else max(d for d in deadlines if d is not None)
+            # its loss meanwhile), and a caller without a deadline never lifts the bound of
+            # those that have one.
+            deadlines = [entry.deadline for entry in batch if entry.deadline is not None]
+            bound = max(deadlines) if deadlines else None
             try:
                 with bounded_by(bound):
                     outcomes = list(self._many([entry.item for entry in batch]))
