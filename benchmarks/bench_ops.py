@@ -750,7 +750,7 @@ def _renewal_target_sync(backend: PostgresBackend, lease: Lease, probe: str) -> 
     lease.release(token, ExitMode.FINISHED)
 
 
-def bench_sync(cfg: Config, dsn: str, report: Report, locker: Any | str) -> None:
+def bench_sync(cfg: Config, dsn: str, report: Report, locker: str | None) -> None:
     flavour = "sync"
     pool: ConnectionPool[Any] = ConnectionPool(
         dsn, min_size=2, max_size=4, kwargs={"autocommit": True}, open=False, name="bench-sync"
@@ -801,16 +801,19 @@ def bench_sync(cfg: Config, dsn: str, report: Report, locker: Any | str) -> None
             "floor": len(RUNNER_FLOOR),
         }
 
-        if isinstance(locker, str):
-            report.comparisons.append(Comparison(PALS, flavour, "pals", TARGETS[PALS], note=locker))
-        else:
-            _progress(f"  {flavour} {PALS}")
-            with lease_step(
-                PALS, lease, runner, work_id(flavour, "pals", "worklease"), cfg.state
-            ) as ours:
-                theirs = pals_step(locker, work_id(flavour, "pals", "pals"))
-                samples = compare(cfg, iterations_for(cfg, PALS), (ours, theirs))
-            report.comparisons.append(comparison(cfg, PALS, flavour, samples, baseline="pals"))
+        with pals_locker(locker, dsn) as pals:
+            if isinstance(pals, str):
+                report.comparisons.append(
+                    Comparison(PALS, flavour, "pals", TARGETS[PALS], note=pals)
+                )
+            else:
+                _progress(f"  {flavour} {PALS}")
+                with lease_step(
+                    PALS, lease, runner, work_id(flavour, "pals", "worklease"), cfg.state
+                ) as ours:
+                    theirs = pals_step(pals, work_id(flavour, "pals", "pals"))
+                    samples = compare(cfg, iterations_for(cfg, PALS), (ours, theirs))
+                report.comparisons.append(comparison(cfg, PALS, flavour, samples, baseline="pals"))
     finally:
         simple_backend.close()
         backend.close()
@@ -826,7 +829,7 @@ def _count_requests(pool: ConnectionPool[Any], fn: Callable[[], object]) -> int:
 # -- the asyncio flavour ------------------------------------------------------------------------
 
 
-async def bench_async(cfg: Config, dsn: str, report: Report, locker: Any | str) -> None:
+async def bench_async(cfg: Config, dsn: str, report: Report, locker: str | None) -> None:
     flavour = "async"
     pool: AsyncConnectionPool[Any] = AsyncConnectionPool(
         dsn, min_size=2, max_size=4, kwargs={"autocommit": True}, open=False, name="bench-async"
@@ -879,20 +882,23 @@ async def bench_async(cfg: Config, dsn: str, report: Report, locker: Any | str) 
             "floor": len(RUNNER_FLOOR),
         }
 
-        if isinstance(locker, str):
-            report.comparisons.append(Comparison(PALS, flavour, "pals", TARGETS[PALS], note=locker))
-        else:
-            _progress(f"  {flavour} {PALS} (pals is sync-only: its calls block the loop)")
-            sync_pals = pals_step(locker, work_id(flavour, "pals", "pals"))
+        with pals_locker(locker, dsn) as pals:
+            if isinstance(pals, str):
+                report.comparisons.append(
+                    Comparison(PALS, flavour, "pals", TARGETS[PALS], note=pals)
+                )
+            else:
+                _progress(f"  {flavour} {PALS} (pals is sync-only: its calls block the loop)")
+                sync_pals = pals_step(pals, work_id(flavour, "pals", "pals"))
 
-            async def theirs() -> int:
-                return sync_pals()
+                async def theirs() -> int:
+                    return sync_pals()
 
-            async with alease_step(
-                PALS, lease, runner, work_id(flavour, "pals", "worklease"), cfg.state
-            ) as ours:
-                samples = await acompare(cfg, iterations_for(cfg, PALS), (ours, theirs))
-            report.comparisons.append(comparison(cfg, PALS, flavour, samples, baseline="pals"))
+                async with alease_step(
+                    PALS, lease, runner, work_id(flavour, "pals", "worklease"), cfg.state
+                ) as ours:
+                    samples = await acompare(cfg, iterations_for(cfg, PALS), (ours, theirs))
+                report.comparisons.append(comparison(cfg, PALS, flavour, samples, baseline="pals"))
     finally:
         await simple_backend.close()
         await backend.close()
@@ -925,6 +931,23 @@ async def bench_memory_async(cfg: Config, report: Report) -> None:
 
 
 # -- pals ---------------------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def pals_locker(skip: str | None, dsn: str) -> Iterator[Any | str]:
+    """A pals ``Locker`` for one row, its engine disposed right after (``skip``, or why
+    there is none, instead). pals' SQLAlchemy connections, left open, made every later
+    statement of the run slower (measured: the asyncio rows after the sync pals row at about
+    twice their cost); each row gets a fresh engine that is gone before the next row."""
+    if skip is not None:
+        yield skip
+        return
+    locker, engine = make_locker(dsn)
+    try:
+        yield locker
+    finally:
+        if engine is not None:
+            engine.dispose()
 
 
 def make_locker(dsn: str) -> tuple[Any | str, Any]:
@@ -1234,18 +1257,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     with fresh_database(args.dsn) as (database, dsn):
         _progress(f"benchmarking in database {database}")
         report.environment = environment(dsn, database)
-        locker: Any | str
-        engine: Any = None
-        if args.skip_pals:
-            locker = "pals skipped (--skip-pals)"
-        else:
-            locker, engine = make_locker(dsn)
-        try:
-            bench_sync(cfg, dsn, report, locker)
-            asyncio.run(bench_async(cfg, dsn, report, locker))
-        finally:
-            if engine is not None:
-                engine.dispose()
+        locker = "pals skipped (--skip-pals)" if args.skip_pals else None
+        bench_sync(cfg, dsn, report, locker)
+        asyncio.run(bench_async(cfg, dsn, report, locker))
     _progress("  in-memory backend")
     mem_cfg = replace(cfg, iterations=cfg.memory_iterations)
     bench_memory_sync(mem_cfg, report)
