@@ -33,6 +33,17 @@ _IS_SYNC = True
 logger = logging.getLogger("worklease")
 
 _LISTEN = sql.SQL("LISTEN {}").format(sql.Identifier(RELEASE_CHANNEL))
+
+
+def _listen_only_at(pid: int) -> sql.Composed:
+    """LISTEN, run only by the server session ``pid`` (a DO block: a session a pooler
+    shares is never left listening)."""
+    body = sql.SQL("BEGIN IF pg_backend_pid() = {} THEN EXECUTE {}; END IF; END").format(
+        sql.Literal(pid), sql.Literal(_LISTEN.as_string())
+    )
+    return sql.SQL("DO {}").format(sql.Literal(body.as_string()))
+
+
 _UNLISTEN = sql.SQL("UNLISTEN {}").format(sql.Identifier(RELEASE_CHANNEL))
 _UNLISTEN_ATTEMPTS = 20
 _SHARED = (
@@ -179,15 +190,16 @@ class ReleaseListener:
                 self._fall_back(_SHARED)
                 return False
             try:
-                # One message: the pid says which server session took the LISTEN.
-                listening_at = _run_reporting_pid(conn, _LISTEN)
+                # One message: LISTEN only on the server session checked above (behind a
+                # pooler this client may reach another one, which must not be left
+                # listening), and the pid says which session ran it.
+                listening_at = _run_reporting_pid(conn, _listen_only_at(mine))
             except psycopg.Error as exc:
                 if map_error(exc, "listen").transient:
                     raise
                 self._fall_back(f"LISTEN failed: {_describe(exc)}")
                 return False
-            if listening_at != mine:  # the proxy moved this client between sessions
-                self._unlisten(conn, listening_at)
+            if listening_at != mine:  # the proxy moved this client: nothing was listened
                 self._fall_back(_SHARED)
                 return False
             if not self._probe(conn):
