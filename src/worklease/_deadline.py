@@ -3,9 +3,10 @@
 A waiting acquire with a ``timeout`` bounds each attempt by what is left of it. The lease
 abandons an attempt that overruns (cancelling it with asyncio, leaving it in a helper thread
 otherwise); a backend that can do better reads :func:`seconds_left` and bounds its own work
-server-side (the PostgreSQL backend sets the statement's ``statement_timeout`` and the pool
-checkout timeout from it), so a statement waiting on a locked row ends on time and rolls
-back instead of committing after its caller gave up.
+itself (the PostgreSQL backend cancels a statement still running at the deadline, or sets its
+``statement_timeout`` when it sends a simple query, and bounds the pool checkout by it), so
+a statement waiting on a locked row ends on time and rolls back instead of committing after
+its caller gave up.
 """
 
 from __future__ import annotations
