@@ -102,6 +102,7 @@ REPLACEMENTS: dict[str, str] = {
     "AsyncMemoryTransaction": "MemoryTransaction",
     "AsyncLeaseTransaction": "LeaseTransaction",
     "AsyncReleaseWatching": "ReleaseWatching",
+    "AsyncEtcdBackend": "EtcdBackend",
     # compat pairs (worklease._acompat)
     "asleep": "sleep",
     "AEvent": "Event",
@@ -132,6 +133,10 @@ REPLACEMENTS: dict[str, str] = {
     "AsyncCursor": "Cursor",
     "AsyncConnection": "Connection",
     "AsyncConnectionPool": "ConnectionPool",
+    # httpx
+    "AsyncClient": "Client",
+    "aiter_lines": "iter_lines",
+    "aclose": "close",
     # tests compat (tests._acompat)
     "aspawn_all": "spawn_all",
 }

@@ -118,14 +118,19 @@ from .observers import VacuumObserver as VacuumObserver
 # backend, FakeClock and the quick start work where psycopg or libpq is missing.
 if TYPE_CHECKING:
     from ._async.check import acheck_postgres as acheck_postgres
+    from ._async.etcd import AsyncEtcdBackend as AsyncEtcdBackend
     from ._async.postgres import AsyncPostgresBackend as AsyncPostgresBackend
     from ._check import CheckFinding as CheckFinding
     from ._check import CheckReport as CheckReport
     from ._pg import schema_sql as schema_sql
     from ._sync.check import check_postgres as check_postgres
+    from ._sync.etcd import EtcdBackend as EtcdBackend
     from ._sync.postgres import PostgresBackend as PostgresBackend
 
 _LAZY = {
+    # the etcd backend loads httpx (the ``etcd`` extra)
+    "AsyncEtcdBackend": "._async.etcd",
+    "EtcdBackend": "._sync.etcd",
     "AsyncPostgresBackend": "._async.postgres",
     "PostgresBackend": "._sync.postgres",
     "acheck_postgres": "._async.check",
@@ -168,6 +173,7 @@ __all__ = [
     "AsyncLeaseTransaction",
     "AsyncMemoryBackend",
     "AsyncPool",
+    "AsyncEtcdBackend",
     "AsyncPostgresBackend",
     "AsyncCheckpointMany",
     "AsyncReleaseMany",
@@ -224,6 +230,7 @@ __all__ = [
     "PoolObserver",
     "PoolSurvey",
     "PoolWorkFnRequiredError",
+    "EtcdBackend",
     "PostgresBackend",
     "ReadCheckpointEvent",
     "ReleaseEvent",

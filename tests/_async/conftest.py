@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import AsyncIterator
 
 import pytest
 from psycopg_pool import AsyncConnectionPool
 
 from tests import pg
-from worklease import AsyncBackend, AsyncMemoryBackend, AsyncPostgresBackend
+from worklease import AsyncBackend, AsyncEtcdBackend, AsyncMemoryBackend, AsyncPostgresBackend
 
 BACKENDS = [
     pytest.param("memory", id="memory"),
@@ -16,8 +17,24 @@ BACKENDS = [
     # PostgreSQL as often deployed: behind PgBouncer in transaction mode, default settings
     # (the release listener finds it cannot work there and waits poll)
     pytest.param("pgbouncer", id="pgbouncer", marks=[pytest.mark.postgres, pytest.mark.pgbouncer]),
+    pytest.param("etcd", id="etcd", marks=pytest.mark.etcd),
 ]
 """The backends the conformance suite runs against (one fresh, empty instance per test)."""
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Leave out the cases of a module marked ``not_on(kind, ...)`` for those backend kinds
+    (a capability the backend does not have, such as etcd's missing transactional steps)."""
+    kept: list[pytest.Item] = []
+    dropped: list[pytest.Item] = []
+    for item in items:
+        marker = item.get_closest_marker("not_on")
+        callspec = getattr(item, "callspec", None)
+        kind = callspec.params.get("backend") if callspec is not None else None
+        (dropped if marker is not None and kind in marker.args else kept).append(item)
+    if dropped:
+        config.hook.pytest_deselected(items=dropped)
+        items[:] = kept
 
 
 @pytest.fixture(params=BACKENDS)
@@ -36,6 +53,12 @@ async def backend(request: pytest.FixtureRequest) -> AsyncIterator[AsyncBackend]
             AsyncPostgresBackend(pool) as postgres,
         ):
             yield postgres
+        return
+    if kind == "etcd":
+        cluster = request.getfixturevalue("etcd_cluster")
+        prefix = f"test-{uuid.uuid4().hex[:12]}/"
+        async with AsyncEtcdBackend(cluster.endpoints, prefix=prefix) as backend:
+            yield backend
         return
     if kind == "pgbouncer":
         direct: str = request.getfixturevalue("postgres_dsn")

@@ -14,6 +14,7 @@ import pytest
 
 from worklease import (
     AsyncBackend,
+    AsyncEtcdBackend,
     AsyncLease,
     AsyncMemoryBackend,
     AsyncPostgresBackend,
@@ -23,7 +24,7 @@ from worklease import (
 
 
 async def test_every_operation_of_a_closed_backend_is_refused(backend: AsyncBackend) -> None:
-    assert isinstance(backend, AsyncMemoryBackend | AsyncPostgresBackend)
+    assert isinstance(backend, AsyncMemoryBackend | AsyncPostgresBackend | AsyncEtcdBackend)
     lease = AsyncLease(backend, holder_id="h", ttl=30)
     token = await lease.acquire("w1")
     await backend.close()

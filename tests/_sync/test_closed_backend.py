@@ -18,6 +18,7 @@ import pytest
 from worklease import (
     Backend,
     BackendError,
+    EtcdBackend,
     ExitMode,
     Lease,
     MemoryBackend,
@@ -26,7 +27,7 @@ from worklease import (
 
 
 def test_every_operation_of_a_closed_backend_is_refused(backend: Backend) -> None:
-    assert isinstance(backend, MemoryBackend | PostgresBackend)
+    assert isinstance(backend, MemoryBackend | PostgresBackend | EtcdBackend)
     lease = Lease(backend, holder_id="h", ttl=30)
     token = lease.acquire("w1")
     backend.close()

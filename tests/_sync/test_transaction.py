@@ -34,6 +34,9 @@ from worklease import (
 
 from .conftest import BACKENDS
 
+# etcd has no transactional steps (no rows of the user's live beside its keys)
+pytestmark = pytest.mark.not_on("etcd")
+
 EFFECTS = "worklease_test_effects"
 
 

@@ -1,0 +1,401 @@
+"""The etcd backend's decisions, shared by both flavours: key layout, records, the request
+bodies of every guarded transaction, and what each answer means.
+
+Layout (ADR-0013). Every work ID owns a handful of keys, all starting with
+``prefix + work_id + NUL`` (a work ID never contains NUL, so one range reads exactly its keys):
+
+- ``t``: the grant: ``slot NUL holder ID``. Written only by an acquire, so its
+  ``mod_revision`` is the revision of the acquiring transaction, global and strictly
+  increasing. The fencing token is ``revision * TOKEN_SLOTS + slot``, the slot being the
+  grant's place in its transaction (an ``acquire_many`` grants several in one): distinct and
+  strictly increasing across the whole cluster.
+- ``h``: present while the lease is held; attached to an etcd lease whose TTL is the lease's
+  expiry. etcd deletes it when that lease runs out, so expiry is decided by the etcd leader's
+  lease clock, which every client shares; no client clock takes part. Value: the holder ID.
+- ``c``: the checkpoint (absent: none).
+- ``p``: how the previous holder left, JSON ``{"exit": mode, "holder": id}``.
+- ``x``: the exit mode the holder declared with ``release`` (absent while held or lapsed).
+- ``u``: the client's wall time of the last write, in seconds: only ``sweep``'s retention
+  reads it (housekeeping, never a decision about who holds what).
+
+Every operation is one guarded ``txn`` comparing ``t``'s revision and value (the token and
+holder), then ``x`` or ``h`` as the operation needs; the failure branch reads the work ID's
+keys back, so a refusal is classified (fenced before expired) without another round trip.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import math
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import urlsplit
+
+from ._failures import fenced, lease_expired
+from ._models import Checkpoint, ExitMode, Token
+from .errors import BackendError, ConfigError, LeaseLostError
+
+__all__ = [
+    "MAX_TXN_OPS",
+    "EtcdAnswer",
+    "Record",
+    "WorkKeys",
+    "check_endpoints",
+    "check_prefix",
+    "lease_seconds",
+]
+
+MAX_TXN_OPS = 128
+"""etcd's default ``--max-txn-ops``: no list of a transaction (compares, success, failure)
+may be longer. Batches are cut to fit it."""
+
+ACQUIRE_OPS = 5
+"""Success operations per work ID of an acquire (t, p, h, u put; x deleted)."""
+
+ACQUIRE_COMPARES = 4
+"""Compares per work ID of an acquire (t's, x's and c's revisions; h absent)."""
+
+TOKEN_SLOTS = 1000
+"""Fencing tokens per revision: more than the acquires one transaction can hold."""
+
+_KINDS = (b"t", b"h", b"c", b"p", b"x", b"u")
+
+
+def b64(data: bytes) -> str:
+    return base64.b64encode(data).decode("ascii")
+
+
+def unb64(text: str | None) -> bytes:
+    return base64.b64decode(text) if text else b""
+
+
+def prefix_end(key: bytes) -> bytes:
+    """The smallest key greater than every key starting with ``key`` (etcd's prefix range)."""
+    stripped = key.rstrip(b"\xff")
+    if not stripped:
+        return b"\x00"  # every key
+    return stripped[:-1] + bytes([stripped[-1] + 1])
+
+
+def check_prefix(prefix: object) -> bytes:
+    if not isinstance(prefix, str):
+        raise ConfigError(f"prefix must be a str, not {type(prefix).__name__}")
+    if not prefix or "\x00" in prefix:
+        raise ConfigError("prefix must be a non-empty str without NUL characters")
+    return prefix.encode("utf-8")
+
+
+def check_endpoints(endpoints: object) -> tuple[str, ...]:
+    """Endpoint URLs (``http://host:port`` or ``https://...``): one string, comma-separated
+    ones, or a sequence; at least one, none repeated."""
+    if isinstance(endpoints, str):
+        items = [part.strip() for part in endpoints.split(",")]
+    elif isinstance(endpoints, Sequence):
+        items = list(endpoints)
+    else:
+        raise ConfigError(
+            "endpoints must be a URL, a comma-separated list of URLs or a sequence of URLs"
+        )
+    urls: list[str] = []
+    for item in items:
+        if not isinstance(item, str) or not item:
+            raise ConfigError(f"an etcd endpoint must be a non-empty URL string, not {item!r}")
+        url = item if "://" in item else "http://" + item
+        parts = urlsplit(url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ConfigError(f"etcd endpoint {item!r} is not an http:// or https:// URL")
+        if parts.path not in ("", "/") or parts.query or parts.fragment:
+            raise ConfigError(f"etcd endpoint {item!r} must be scheme://host:port only")
+        url = f"{parts.scheme}://{parts.netloc}"
+        if url in urls:
+            raise ConfigError(f"etcd endpoint {item!r} is listed twice")
+        urls.append(url)
+    if not urls:
+        raise ConfigError("at least one etcd endpoint is needed")
+    return tuple(urls)
+
+
+def lease_seconds(ttl: float) -> int:
+    """The etcd lease TTL for a lease TTL: whole seconds, rounded up (etcd leases count whole
+    seconds), at least 1. etcd may raise it further to its own minimum (1-2 s by default):
+    a lease is never shorter than asked, so a holder's own view of its window stays safe."""
+    return max(1, math.ceil(ttl))
+
+
+def wall_clock() -> float:
+    return time.time()
+
+
+# -- keys and records ----------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class WorkKeys:
+    """The keys of one work ID."""
+
+    work_id: str
+    base: bytes  # prefix + work ID + NUL
+
+    @classmethod
+    def of(cls, prefix: bytes, work_id: str) -> WorkKeys:
+        return cls(work_id, prefix + work_id.encode("utf-8") + b"\x00")
+
+    def key(self, kind: bytes) -> bytes:
+        return self.base + kind
+
+    @property
+    def end(self) -> bytes:
+        return self.base[:-1] + b"\x01"
+
+    def read(self) -> dict[str, Any]:
+        """A range op reading every key of the work ID."""
+        return {"request_range": {"key": b64(self.base), "range_end": b64(self.end)}}
+
+
+@dataclass(frozen=True, slots=True)
+class Record:
+    """What etcd holds for one work ID (absent keys as zero revisions / ``None``)."""
+
+    work_id: str
+    holder_id: str | None = None  # from t's value
+    token: int = 0  # the current grant's fencing token (0: never acquired)
+    token_revision: int = 0  # t's mod_revision
+    held: bool = False  # h exists
+    hold_holder: str | None = None  # h's value
+    hold_lease: int = 0  # h's etcd lease
+    checkpoint: bytes | None = None
+    checkpoint_revision: int = 0
+    prev_exit: ExitMode = ExitMode.NONE
+    prev_holder_id: str | None = None
+    exit_mode: ExitMode | None = None
+    exit_revision: int = 0  # x's mod_revision (0: absent)
+    updated: float | None = None  # u's value (client wall time)
+    updated_revision: int = 0
+
+    @property
+    def exists(self) -> bool:
+        return self.token != 0
+
+    def owned_by(self, token: Token) -> bool:
+        return self.token == token.fencing_token and self.holder_id == token.holder_id
+
+    def lost(self, token: Token, operation: str) -> LeaseLostError | None:
+        """Why a write by ``token`` is refused, fencing first: ``FencedError`` when the
+        token is not the current grant, ``LeaseExpiredError`` when its holder released it;
+        ``None`` otherwise (the refusal was about the hold alone)."""
+        if not self.owned_by(token):
+            return fenced(token, operation)
+        if self.exit_mode is not None:
+            return lease_expired(
+                token, operation, f"the holder already released it ({self.exit_mode})"
+            )
+        return None
+
+    def checkpoint_view(self) -> Checkpoint:
+        return Checkpoint(self.checkpoint, self.prev_exit, self.prev_holder_id)
+
+    def successor_prev(self) -> tuple[ExitMode, str | None]:
+        """How a new holder records its predecessor's leaving."""
+        if not self.exists:
+            return ExitMode.NONE, None
+        return self.exit_mode or ExitMode.EXPIRED, self.holder_id
+
+
+def records(prefix: bytes, kvs: Iterable[Mapping[str, Any]]) -> dict[str, Record]:
+    """Group range results (``kvs`` of one or more ranges) into records by work ID."""
+    fields: dict[str, dict[str, Any]] = {}
+    for kv in kvs:
+        key = unb64(kv.get("key"))
+        if not key.startswith(prefix):
+            continue
+        name, sep, kind = key[len(prefix) :].rpartition(b"\x00")
+        if not sep or kind not in _KINDS:
+            continue
+        work_id = name.decode("utf-8", errors="replace")
+        value = unb64(kv.get("value"))
+        mod = int(kv.get("mod_revision", 0))
+        row = fields.setdefault(work_id, {"work_id": work_id})
+        if kind == b"t":
+            slot, _, holder = value.partition(b"\x00")
+            row["holder_id"] = holder.decode("utf-8")
+            row["token"] = token_of(mod, int(slot))
+            row["token_revision"] = mod
+        elif kind == b"h":
+            row["held"] = True
+            row["hold_holder"] = value.decode("utf-8")
+            row["hold_lease"] = int(kv.get("lease", 0))
+        elif kind == b"c":
+            row["checkpoint"] = value or None
+            row["checkpoint_revision"] = mod
+        elif kind == b"p":
+            prev = json.loads(value)
+            row["prev_exit"] = ExitMode(prev["exit"])
+            row["prev_holder_id"] = prev["holder"]
+        elif kind == b"x":
+            row["exit_mode"] = ExitMode(value.decode("ascii"))
+            row["exit_revision"] = mod
+        else:
+            row["updated"] = float(value)
+            row["updated_revision"] = mod
+    return {work_id: Record(**row) for work_id, row in fields.items()}
+
+
+def record_of(prefix: bytes, work_id: str, kvs: Iterable[Mapping[str, Any]]) -> Record:
+    return records(prefix, kvs).get(work_id) or Record(work_id)
+
+
+def range_kvs(responses: Sequence[Mapping[str, Any]] | None) -> list[Mapping[str, Any]]:
+    """Every kv of the range responses of a txn answer."""
+    found: list[Mapping[str, Any]] = []
+    for response in responses or ():
+        found.extend(response.get("response_range", {}).get("kvs", ()))
+    return found
+
+
+# -- request pieces --------------------------------------------------------------------------
+
+
+def _compare(key: bytes, target: str, field: str, value: Any, result: str) -> dict[str, Any]:
+    return {"key": b64(key), "target": target, field: value, "result": result}
+
+
+def token_of(revision: int, slot: int) -> int:
+    return revision * TOKEN_SLOTS + slot
+
+
+def grant_value(slot: int, holder_id: str) -> bytes:
+    return str(slot).encode("ascii") + b"\x00" + holder_id.encode("utf-8")
+
+
+def same_token(keys: WorkKeys, token: Token) -> list[dict[str, Any]]:
+    """The token is the current grant and its holder is the token's."""
+    t = keys.key(b"t")
+    revision, slot = divmod(token.fencing_token, TOKEN_SLOTS)
+    return [
+        _compare(t, "MOD", "mod_revision", str(revision), "EQUAL"),
+        _compare(t, "VALUE", "value", b64(grant_value(slot, token.holder_id)), "EQUAL"),
+    ]
+
+
+def absent(key: bytes) -> dict[str, Any]:
+    return _compare(key, "CREATE", "create_revision", "0", "EQUAL")
+
+
+def present(key: bytes) -> dict[str, Any]:
+    return _compare(key, "CREATE", "create_revision", "0", "GREATER")
+
+
+def revision_is(key: bytes, revision: int) -> dict[str, Any]:
+    return _compare(key, "MOD", "mod_revision", str(revision), "EQUAL")
+
+
+def attached_to(key: bytes, lease: int) -> dict[str, Any]:
+    return _compare(key, "LEASE", "lease", str(lease), "EQUAL")
+
+
+def put(key: bytes, value: bytes, lease: int = 0) -> dict[str, Any]:
+    body: dict[str, Any] = {"key": b64(key), "value": b64(value)}
+    if lease:
+        body["lease"] = str(lease)
+    return {"request_put": body}
+
+
+def delete(key: bytes, end: bytes | None = None) -> dict[str, Any]:
+    body: dict[str, Any] = {"key": b64(key)}
+    if end is not None:
+        body["range_end"] = b64(end)
+    return {"request_delete_range": body}
+
+
+def stamp(keys: WorkKeys, now: float) -> dict[str, Any]:
+    return put(keys.key(b"u"), repr(now).encode("ascii"))
+
+
+def txn(
+    compare: list[dict[str, Any]], success: list[dict[str, Any]], failure: list[dict[str, Any]]
+) -> dict[str, Any]:
+    return {"compare": compare, "success": success, "failure": failure}
+
+
+def acquire_compares(keys: WorkKeys, seen: Record) -> list[dict[str, Any]]:
+    """Nothing changed since ``seen`` was read, and nobody holds the work ID."""
+    return [
+        revision_is(keys.key(b"t"), seen.token_revision),
+        absent(keys.key(b"h")),
+        revision_is(keys.key(b"x"), seen.exit_revision),
+        revision_is(keys.key(b"c"), seen.checkpoint_revision),
+    ]
+
+
+def acquire_writes(
+    keys: WorkKeys, seen: Record, holder_id: str, lease: int, now: float, slot: int = 0
+) -> list[dict[str, Any]]:
+    """A new grant in ``slot`` of its transaction: grant, predecessor, hold (when
+    ``lease``), stamp; no exit."""
+    prev_exit, prev_holder = seen.successor_prev()
+    holder = holder_id.encode("utf-8")
+    writes = [
+        put(keys.key(b"t"), grant_value(slot, holder_id)),
+        put(keys.key(b"p"), json.dumps({"exit": prev_exit.value, "holder": prev_holder}).encode()),
+        delete(keys.key(b"x")),
+        stamp(keys, now),
+    ]
+    if lease:
+        writes.insert(2, put(keys.key(b"h"), holder, lease))
+    return writes
+
+
+def checkpoint_writes(keys: WorkKeys, state: bytes | None, now: float) -> list[dict[str, Any]]:
+    c = keys.key(b"c")
+    return [put(c, state) if state else delete(c), stamp(keys, now)]
+
+
+def hold(keys: WorkKeys, token: Token, lease: int) -> dict[str, Any]:
+    return put(keys.key(b"h"), token.holder_id.encode("utf-8"), lease)
+
+
+def chunks(items: Sequence[Any], per_item: int) -> list[Sequence[Any]]:
+    """``items`` cut so no txn list exceeds ``MAX_TXN_OPS`` at ``per_item`` entries each."""
+    size = max(1, MAX_TXN_OPS // per_item)
+    return [items[i : i + size] for i in range(0, len(items), size)]
+
+
+# -- answers ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class EtcdAnswer:
+    """What to make of an HTTP answer from the gateway that was not a success."""
+
+    error: BackendError
+    elsewhere: bool  # another member may answer instead, without risk of a double write
+    reauthenticate: bool = False
+
+
+# gRPC status codes the gateway reports in its JSON error body.
+_UNAVAILABLE = 14
+_DEADLINE = 4
+_UNAUTHENTICATED = 16
+_NOT_APPLIED = ("no leader", "not capable", "too many requests", "stopped")
+
+
+def judge_error(
+    status: int, body: Mapping[str, Any] | None, operation: str, *, idempotent: bool
+) -> EtcdAnswer:
+    """An error answer: transient or not, and whether trying another member is safe.
+
+    A write whose outcome is unknown (leader changed, request timed out) is not sent again:
+    it raises a transient error, as a lost connection during a PostgreSQL commit does."""
+    body = body or {}
+    code = int(body.get("code", 0) or 0)
+    message = str(body.get("message") or body.get("error") or f"HTTP {status}")
+    text = f"{operation}: etcd answered {message!r} (HTTP {status})"
+    if code == _UNAUTHENTICATED and "token" in message:
+        return EtcdAnswer(BackendError(text, transient=True), False, reauthenticate=True)
+    if code in (_UNAVAILABLE, _DEADLINE) or status in (502, 503, 504):
+        applied_maybe = not any(reason in message for reason in _NOT_APPLIED)
+        return EtcdAnswer(BackendError(text, transient=True), idempotent or not applied_maybe)
+    return EtcdAnswer(BackendError(text, transient=False), False)

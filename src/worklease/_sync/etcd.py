@@ -1,0 +1,1061 @@
+# Generated from src/worklease/_async/etcd.py by scripts/unasync.py -- do not edit.
+# Change the async source and run "python scripts/unasync.py".
+
+"""The etcd backend: lease rows in an etcd cluster, through its v3 JSON gateway.
+
+Key layout, request bodies and the meaning of answers live in ``worklease._etcd``; this
+module sends them (httpx), fails over between members and keeps the release watch.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import ssl
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from types import TracebackType
+from typing import Any
+
+import httpx
+
+from .._acompat import Event, Worker, cancel_worker, join_all, spawn
+from .._etcd import (
+    ACQUIRE_COMPARES,
+    ACQUIRE_OPS,
+    MAX_TXN_OPS,
+    Record,
+    WorkKeys,
+    absent,
+    acquire_compares,
+    acquire_writes,
+    attached_to,
+    b64,
+    check_endpoints,
+    check_prefix,
+    checkpoint_writes,
+    chunks,
+    delete,
+    hold,
+    judge_error,
+    lease_seconds,
+    prefix_end,
+    present,
+    put,
+    range_kvs,
+    record_of,
+    records,
+    revision_is,
+    same_token,
+    stamp,
+    token_of,
+    txn,
+    unb64,
+    wall_clock,
+)
+from .._failures import closed, fenced, first_line, held, lease_expired
+from .._fairshare import PoolSurvey
+from .._models import Checkpoint, ExitMode, Token
+from .._validation import (
+    backend_ttl,
+    check_exit_mode,
+    check_flag,
+    check_work_id,
+    distinct_work_ids,
+    non_negative_seconds,
+    normalize_state,
+    positive_seconds,
+)
+from .._window import Backoff
+from ..errors import BackendError, ConfigError, LeaseLostError
+from .backend import StateLike
+from .watch import ReleaseHub, ReleaseWatch
+
+__all__ = ["EtcdBackend"]
+
+_IS_SYNC = True
+
+logger = logging.getLogger("worklease")
+
+_RACES = 8
+"""Rounds a guarded write is planned again after the work ID changed under it (another
+client's acquire or sweep in between); the answer then says what happened."""
+
+_WATCH_TICK = 1.0
+"""How long the release watch waits for news before it reconnects (a thread notices a stop
+at that pace; the watch resumes from the last revision it saw, so nothing is missed)."""
+
+
+@dataclass(slots=True)
+class _Plan:
+    """One work ID's part of a guarded transaction."""
+
+    index: int
+    keys: WorkKeys
+    token: Token | None
+    compares: list[dict[str, Any]]
+    writes: list[dict[str, Any]]
+    lease: int = 0  # the etcd lease the write attaches (or expects)
+
+
+class EtcdBackend:
+    """Lease rows in etcd (v3 API, 3.4 or newer), reached through its JSON gateway.
+
+    ``endpoints``: the members' client URLs (``http://host:2379``; a comma-separated string or
+    a sequence). Calls go to the member that answered last; a member that refuses the
+    connection or does not answer is left for the next one. A write whose outcome is unknown
+    (no answer after sending, leader changed) is never sent again: it raises a transient
+    ``BackendError`` and the lease layer decides, as with a lost PostgreSQL connection.
+
+    ``prefix``: where the keys live (several applications can share one cluster).
+    ``timeout``: seconds per request. ``username``/``password``: etcd authentication (the
+    token is fetched once and again when etcd says it expired). ``ca_file``, ``cert_file``,
+    ``key_file`` or a ready ``ssl_context``: TLS for ``https://`` endpoints.
+
+    Expiry is etcd's: each grant attaches its work ID's hold key to an etcd lease whose TTL
+    is the lease TTL rounded up to whole seconds (etcd counts whole seconds and may raise a
+    TTL to its minimum); when it runs out, etcd deletes the key and the work ID is free. No
+    client clock decides expiry. Fencing tokens are etcd revisions: strictly increasing
+    across the whole cluster. The checkpoint is stored as one etcd value, so it is bounded by
+    the cluster's ``--max-request-bytes`` (1.5 MiB by default).
+    """
+
+    __module__ = "worklease"
+
+    def __init__(
+        self,
+        endpoints: str | Sequence[str],
+        *,
+        prefix: str = "worklease/",
+        timeout: float = 5.0,
+        username: str | None = None,
+        password: str | None = None,
+        ca_file: str | None = None,
+        cert_file: str | None = None,
+        key_file: str | None = None,
+        ssl_context: ssl.SSLContext | None = None,
+    ) -> None:
+        self._endpoints = check_endpoints(endpoints)
+        self._prefix_text = prefix
+        self._prefix = check_prefix(prefix)
+        try:
+            self._timeout = positive_seconds(timeout, "timeout")
+        except (TypeError, ValueError) as exc:
+            raise ConfigError(str(exc)) from None
+        if (username is None) != (password is None):
+            raise ConfigError("give both username and password, or neither")
+        self._credentials = None if username is None else (username, password)
+        if ssl_context is not None and (ca_file or cert_file or key_file):
+            raise ConfigError("give ssl_context or ca_file/cert_file/key_file, not both")
+        if (cert_file is None) != (key_file is None):
+            raise ConfigError("give both cert_file and key_file, or neither")
+        verify: ssl.SSLContext | bool = True
+        if ssl_context is not None:
+            verify = ssl_context
+        elif ca_file or cert_file:
+            verify = ssl.create_default_context(cafile=ca_file)
+            if cert_file is not None and key_file is not None:
+                verify.load_cert_chain(cert_file, key_file)
+        self._client = httpx.Client(
+            verify=verify,
+            timeout=self._timeout,
+            limits=httpx.Limits(max_connections=64, max_keepalive_connections=16),
+        )
+        self._preferred = 0
+        self._auth_token: str | None = None
+        # work ID -> (fencing token, holder, etcd lease, its TTL): the lease of each grant
+        # made here, so a renewal needs no lookup.
+        self._leases: dict[str, tuple[int, str, int, int]] = {}
+        self._hub = ReleaseHub()
+        self._watch_stop = Event()
+        self._watcher: Worker | None = None
+        self._closed = False
+
+    @property
+    def endpoints(self) -> tuple[str, ...]:
+        return self._endpoints
+
+    @property
+    def prefix(self) -> str:
+        return self._prefix_text
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {','.join(self._endpoints)} prefix={self._prefix_text!r}>"
+
+    # -- transport -------------------------------------------------------------------------
+
+    def _open(self, operation: str) -> None:
+        if self._closed:
+            raise closed(operation)
+
+    def _headers(self, operation: str) -> dict[str, str]:
+        if self._credentials is None:
+            return {}
+        if self._auth_token is None:
+            name, password = self._credentials
+            answer = self._post(
+                "/v3/auth/authenticate",
+                operation,
+                idempotent=True,
+                body={"name": name, "password": password},
+                authenticate=False,
+            )
+            self._auth_token = str(answer.json()["token"])
+        return {"Authorization": self._auth_token}
+
+    def _post(
+        self,
+        path: str,
+        operation: str,
+        *,
+        idempotent: bool,
+        body: dict[str, Any] | None = None,
+        content: str | None = None,
+        authenticate: bool = True,
+    ) -> httpx.Response:
+        """One request, to the preferred member and then the others while that is safe."""
+        self._open(operation)
+        count = len(self._endpoints)
+        first = self._preferred
+        last: BaseException | None = None
+        reauthenticated = False
+        attempt = 0
+        while attempt < count:
+            index = (first + attempt) % count
+            endpoint = self._endpoints[index]
+            headers = self._headers(operation) if authenticate else {}
+            try:
+                if content is not None:
+                    headers["Content-Type"] = "application/json"
+                    response = self._client.post(endpoint + path, content=content, headers=headers)
+                else:
+                    response = self._client.post(endpoint + path, json=body, headers=headers)
+            except (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout) as exc:
+                last = exc  # never delivered: the next member may take it
+                self._preferred = (index + 1) % count
+                attempt += 1
+                continue
+            except httpx.TransportError as exc:
+                self._preferred = (index + 1) % count
+                if idempotent:
+                    last = exc
+                    attempt += 1
+                    continue
+                raise BackendError(
+                    f"{operation}: no answer from etcd at {endpoint} ({first_line(exc)}); "
+                    "whether it was applied is unknown",
+                    transient=True,
+                ) from exc
+            if response.status_code == 200:
+                self._preferred = index
+                return response
+            try:
+                detail = response.json()
+            except ValueError:
+                detail = {"message": response.text[:200]}
+            answer = judge_error(response.status_code, detail, operation, idempotent=idempotent)
+            if answer.reauthenticate and authenticate and not reauthenticated:
+                self._auth_token = None
+                reauthenticated = True
+                continue
+            if not answer.elsewhere:
+                raise answer.error
+            last = answer.error
+            self._preferred = (index + 1) % count
+            attempt += 1
+        if isinstance(last, BackendError):
+            raise last
+        raise BackendError(
+            f"{operation}: no etcd member answered ({first_line(last) if last else 'none'}; "
+            f"tried {', '.join(self._endpoints)})",
+            transient=True,
+        ) from last
+
+    def _txn(self, body: dict[str, Any], operation: str) -> dict[str, Any]:
+        writes = bool(body["success"]) or any("request_range" not in op for op in body["failure"])
+        response = self._post("/v3/kv/txn", operation, idempotent=not writes, body=body)
+        answer: dict[str, Any] = response.json()
+        return answer
+
+    def _read_many(self, keys: Sequence[WorkKeys], operation: str) -> dict[str, Record]:
+        """Every key of each work ID, read in as few read-only transactions as fit."""
+        found: dict[str, Record] = {}
+        for part in chunks(keys, 1):
+            # No compares: the transaction succeeds and runs its reads as one snapshot.
+            answer = self._txn(txn([], [k.read() for k in part], []), operation)
+            found.update(records(self._prefix, range_kvs(answer.get("responses"))))
+        return {k.work_id: found.get(k.work_id) or Record(k.work_id) for k in keys}
+
+    def _read(self, keys: WorkKeys, operation: str) -> Record:
+        response = self._post(
+            "/v3/kv/range",
+            operation,
+            idempotent=True,
+            body={"key": b64(keys.base), "range_end": b64(keys.end)},
+        )
+        return record_of(self._prefix, keys.work_id, response.json().get("kvs", ()))
+
+    def _grant(self, ttl: float, operation: str) -> int:
+        response = self._post(
+            "/v3/lease/grant", operation, idempotent=True, body={"TTL": lease_seconds(ttl)}
+        )
+        return int(response.json()["ID"])
+
+    def _keepalive(self, leases: Sequence[int], operation: str) -> dict[int, int]:
+        """Refresh etcd leases in one request: lease -> its TTL (0: it is gone)."""
+        if not leases:
+            return {}
+        content = "\n".join(json.dumps({"ID": str(lease)}) for lease in leases)
+        response = self._post("/v3/lease/keepalive", operation, idempotent=True, content=content)
+        alive: dict[int, int] = dict.fromkeys(leases, 0)
+        for line in response.text.splitlines():
+            if not line.strip():
+                continue
+            message = json.loads(line)
+            if "error" in message:
+                error = message["error"]
+                answer = judge_error(503, error, operation, idempotent=True)
+                raise answer.error
+            result = message.get("result", {})
+            alive[int(result.get("ID", 0))] = int(result.get("TTL", 0))
+        return alive
+
+    def _commit(self, plans: Sequence[_Plan], operation: str) -> dict[int, Record | None]:
+        """Send the plans (as few transactions as etcd's limits allow): plan index -> None
+        when written, else the work ID's record read back (a chunk fails as a whole, so the
+        record may show nothing wrong: the caller plans it again)."""
+        outcome: dict[int, Record | None] = {}
+        for part in _cut(plans):
+            compares = [c for plan in part for c in plan.compares]
+            writes = [w for plan in part for w in plan.writes]
+            answer = self._txn(
+                txn(compares, writes, [plan.keys.read() for plan in part]), operation
+            )
+            if answer.get("succeeded"):
+                for plan in part:
+                    outcome[plan.index] = None
+                continue
+            seen = records(self._prefix, range_kvs(answer.get("responses")))
+            for plan in part:
+                outcome[plan.index] = seen.get(plan.keys.work_id) or Record(plan.keys.work_id)
+        return outcome
+
+    def _keys(self, work_id: str) -> WorkKeys:
+        return WorkKeys.of(self._prefix, work_id)
+
+    def _cached(self, token: Token, ttl: float) -> int:
+        """The etcd lease of ``token``'s grant made here with ``ttl``'s TTL, else 0."""
+        entry = self._leases.get(token.work_id)
+        if entry is None:
+            return 0
+        fencing, holder, lease, seconds = entry
+        if fencing != token.fencing_token or holder != token.holder_id:
+            return 0
+        return lease if seconds == lease_seconds(ttl) else 0
+
+    def _remember(self, token: Token, lease: int, ttl: float) -> None:
+        if lease:
+            self._leases[token.work_id] = (
+                token.fencing_token,
+                token.holder_id,
+                lease,
+                lease_seconds(ttl),
+            )
+        else:
+            self._forget_lease(token)
+
+    def _forget_lease(self, token: Token) -> None:
+        entry = self._leases.get(token.work_id)
+        if entry is not None and entry[0] == token.fencing_token:
+            self._leases.pop(token.work_id, None)
+
+    # -- acquire ---------------------------------------------------------------------------
+
+    def acquire(self, work_id: str, holder_id: str, ttl: float) -> Token:
+        token, _ = self.acquire_with_checkpoint(work_id, holder_id, ttl)
+        return token
+
+    def acquire_with_checkpoint(
+        self, work_id: str, holder_id: str, ttl: float
+    ) -> tuple[Token, Checkpoint]:
+        """Acquire and return the new holder's checkpoint in one step (optional method)."""
+        check_work_id(work_id)
+        seconds = backend_ttl(ttl)
+        self._open("acquire")
+        keys = self._keys(work_id)
+        seen = self._read(keys, "acquire")
+        lease = 0
+        started = wall_clock()
+        for _ in range(_RACES):
+            if seen.held:
+                raise held(work_id, seen.hold_holder, None)
+            if seconds > 0 and not lease:
+                started = wall_clock()
+                lease = self._grant(seconds, "acquire")
+            body = txn(
+                acquire_compares(keys, seen),
+                acquire_writes(keys, seen, holder_id, lease, wall_clock()),
+                [keys.read()],
+            )
+            answer = self._txn(body, "acquire")
+            if answer.get("succeeded"):
+                revision = int(answer["header"]["revision"])
+                token = Token(work_id, holder_id, token_of(revision, 0), _expiry(started, seconds))
+                self._remember(token, lease, seconds)
+                prev_exit, prev_holder = seen.successor_prev()
+                return token, Checkpoint(seen.checkpoint, prev_exit, prev_holder)
+            seen = record_of(self._prefix, work_id, range_kvs(answer.get("responses")))
+        raise BackendError(
+            f"acquire: work ID {work_id!r} kept changing under {_RACES} attempts", transient=True
+        )
+
+    def acquire_many(
+        self, work_ids: Sequence[str], holder_id: str, ttl: float
+    ) -> list[tuple[Token, Checkpoint]]:
+        """Acquire every free work ID of ``work_ids`` in one step per batch (optional
+        method); work IDs somebody holds are left out, grants come in input order."""
+        ids = distinct_work_ids(work_ids)
+        seconds = backend_ttl(ttl)
+        self._open("acquire_many")
+        if not ids:
+            return []
+        keys = {work_id: self._keys(work_id) for work_id in ids}
+        seen = self._read_many(list(keys.values()), "acquire_many")
+        leases: dict[str, tuple[int, float]] = {}
+        grants: dict[str, tuple[Token, Checkpoint]] = {}
+        for _ in range(_RACES):
+            free = [work_id for work_id in ids if work_id not in grants and not seen[work_id].held]
+            if not free:
+                break
+            # One transaction per chunk; a grant's slot is its place in its transaction.
+            for part in chunks(free, max(ACQUIRE_OPS, ACQUIRE_COMPARES)):
+                plans: list[_Plan] = []
+                for slot, work_id in enumerate(part):
+                    if seconds > 0 and work_id not in leases:
+                        started = wall_clock()
+                        leases[work_id] = (self._grant(seconds, "acquire_many"), started)
+                    lease = leases[work_id][0] if seconds > 0 else 0
+                    record = seen[work_id]
+                    writes = acquire_writes(
+                        keys[work_id], record, holder_id, lease, wall_clock(), slot
+                    )
+                    compares = acquire_compares(keys[work_id], record)
+                    plans.append(_Plan(slot, keys[work_id], None, compares, writes, lease))
+                revision = self._commit_acquires(plans, seen, "acquire_many")
+                if revision is None:
+                    continue  # ``seen`` now shows what changed: plan again
+                for plan in plans:
+                    work_id = plan.keys.work_id
+                    record = seen[work_id]
+                    started = leases[work_id][1] if work_id in leases else wall_clock()
+                    fencing = token_of(revision, plan.index)
+                    token = Token(work_id, holder_id, fencing, _expiry(started, seconds))
+                    self._remember(token, plan.lease, seconds)
+                    prev_exit, prev_holder = record.successor_prev()
+                    grants[work_id] = (token, Checkpoint(record.checkpoint, prev_exit, prev_holder))
+        return [grants[work_id] for work_id in ids if work_id in grants]
+
+    def _commit_acquires(
+        self, plans: Sequence[_Plan], seen: dict[str, Record], operation: str
+    ) -> int | None:
+        """One transaction of acquires: its revision, or ``None`` when it was refused (then
+        ``seen`` holds the records read back)."""
+        answer = self._txn(
+            txn(
+                [c for plan in plans for c in plan.compares],
+                [w for plan in plans for w in plan.writes],
+                [plan.keys.read() for plan in plans],
+            ),
+            operation,
+        )
+        if answer.get("succeeded"):
+            return int(answer["header"]["revision"])
+        found = records(self._prefix, range_kvs(answer.get("responses")))
+        for plan in plans:
+            seen[plan.keys.work_id] = found.get(plan.keys.work_id) or Record(plan.keys.work_id)
+        return None
+
+    def find_available(self, work_ids: Sequence[str]) -> list[str]:
+        """The work IDs ``acquire`` would grant now, in input order (optional method)."""
+        ids = distinct_work_ids(work_ids)
+        self._open("find_available")
+        holds = self._holds(ids, "find_available")
+        return [work_id for work_id in ids if work_id not in holds]
+
+    def _holds(self, ids: Sequence[str], operation: str) -> dict[str, str]:
+        """Work ID -> holder, for the work IDs of ``ids`` that are held."""
+        found: dict[str, str] = {}
+        for part in chunks(ids, 1):
+            reads = [
+                {"request_range": {"key": b64(self._keys(work_id).key(b"h"))}} for work_id in part
+            ]
+            answer = self._txn(txn([], reads, []), operation)
+            for work_id, record in records(
+                self._prefix, range_kvs(answer.get("responses"))
+            ).items():
+                if record.held and record.hold_holder is not None:
+                    found[work_id] = record.hold_holder
+        return found
+
+    def survey(self, work_ids: Sequence[str], prefix: str) -> PoolSurvey:
+        """Who holds which of ``work_ids``, and the held leases under ``prefix`` with their
+        checkpoints (optional method); writes nothing."""
+        ids = distinct_work_ids(work_ids)
+        if not isinstance(prefix, str):
+            raise TypeError(f"prefix must be a str, not {type(prefix).__name__}")
+        self._open("survey")
+        holds = self._holds(ids, "survey")
+        start = self._prefix + prefix.encode("utf-8")
+        response = self._post(
+            "/v3/kv/range",
+            "survey",
+            idempotent=True,
+            body={"key": b64(start), "range_end": b64(prefix_end(start))},
+        )
+        group = records(self._prefix, response.json().get("kvs", ()))
+        counts: dict[str, int] = {}
+        for holder in holds.values():
+            counts[holder] = counts.get(holder, 0) + 1
+        members = {
+            record.hold_holder: record.checkpoint
+            for record in group.values()
+            if record.held and record.hold_holder is not None
+        }
+        free = tuple(work_id for work_id in ids if work_id not in holds)
+        return PoolSurvey(free, counts, members)
+
+    # -- writes by a holder ----------------------------------------------------------------
+
+    def read_checkpoint(self, token: Token) -> Checkpoint:
+        self._open("read_checkpoint")
+        record = self._read(self._keys(token.work_id), "read_checkpoint")
+        if record.token != token.fencing_token:
+            raise fenced(token, "read_checkpoint")
+        return record.checkpoint_view()
+
+    def checkpoint(self, token: Token, state: StateLike | None, ttl: float) -> None:
+        data = normalize_state(state)
+        seconds = backend_ttl(ttl)
+        self._open("checkpoint")
+        (outcome,) = self._checkpoint_all([(token, data)], seconds, "checkpoint")
+        if outcome is not None:
+            raise outcome
+
+    def checkpoint_many(
+        self, items: Sequence[tuple[Token, StateLike | None]], ttl: float
+    ) -> list[LeaseLostError | None]:
+        """Checkpoint every ``(token, state)`` in one step per batch (optional method)."""
+        distinct_work_ids([token.work_id for token, _ in items])
+        normalized = [(token, normalize_state(state)) for token, state in items]
+        seconds = backend_ttl(ttl)
+        self._open("checkpoint_many")
+        return self._checkpoint_all(normalized, seconds, "checkpoint")
+
+    def _checkpoint_all(
+        self, items: Sequence[tuple[Token, bytes | None]], ttl: float, operation: str
+    ) -> list[LeaseLostError | None]:
+        outcomes: list[LeaseLostError | None] = [None] * len(items)
+        # A grant made here keeps its etcd lease: refresh it, then write while it is still
+        # the one holding the work ID. Anything else reads the record and plans from it.
+        cached = {i: self._cached(token, ttl) for i, (token, _) in enumerate(items) if ttl > 0}
+        alive = self._keepalive([lease for lease in cached.values() if lease], operation)
+        pending: dict[int, Record | None] = {
+            i: None if alive.get(cached.get(i, 0), 0) > 0 else Record("") for i in range(len(items))
+        }
+        unknown = [i for i, record in pending.items() if record is not None]
+        if unknown:
+            seen = self._read_many([self._keys(items[i][0].work_id) for i in unknown], operation)
+            for i in unknown:
+                pending[i] = seen[items[i][0].work_id]
+        for _ in range(_RACES):
+            plans: list[_Plan] = []
+            for i, record in pending.items():
+                token, state = items[i]
+                keys = self._keys(token.work_id)
+                guard = [*same_token(keys, token), absent(keys.key(b"x"))]
+                writes = checkpoint_writes(keys, state, wall_clock())
+                if record is None:  # the refreshed lease holds it
+                    lease = cached[i]
+                    plans.append(
+                        _Plan(
+                            i,
+                            keys,
+                            token,
+                            [*guard, attached_to(keys.key(b"h"), lease)],
+                            writes,
+                            lease,
+                        )
+                    )
+                    continue
+                lost = record.lost(token, operation)
+                if lost is not None:
+                    outcomes[i] = lost
+                    continue
+                if ttl <= 0:
+                    plans.append(_Plan(i, keys, token, guard, [*writes, delete(keys.key(b"h"))]))
+                    continue
+                # Lapsed (revive it) or held under another etcd lease: attach a fresh one.
+                lease = self._grant(ttl, operation)
+                hold_guard = (
+                    attached_to(keys.key(b"h"), record.hold_lease)
+                    if record.held
+                    else absent(keys.key(b"h"))
+                )
+                plans.append(
+                    _Plan(
+                        i,
+                        keys,
+                        token,
+                        [*guard, hold_guard],
+                        [*writes, hold(keys, token, lease)],
+                        lease,
+                    )
+                )
+            if not plans:
+                return outcomes
+            done = self._commit(plans, operation)
+            pending = {}
+            for plan in plans:
+                result = done[plan.index]
+                assert plan.token is not None
+                if result is None:
+                    self._remember(plan.token, plan.lease, ttl)
+                elif (
+                    plan.lease
+                    and result.owned_by(plan.token)
+                    and result.exit_mode is None
+                    and result.hold_lease == plan.lease
+                ):
+                    # Its own guard held (another work ID of the batch failed): the etcd
+                    # lease still holds it, so write again the same way.
+                    cached[plan.index] = plan.lease
+                    pending[plan.index] = None
+                else:
+                    pending[plan.index] = result
+            if not pending:
+                return outcomes
+        raise _contended(items[next(iter(pending))][0], operation)
+
+    def renew(self, token: Token, ttl: float) -> None:
+        seconds = backend_ttl(ttl)
+        self._open("renew")
+        (outcome,) = self._renew_all([token], seconds)
+        if outcome is not None:
+            raise outcome
+
+    def renew_many(self, tokens: Sequence[Token], ttl: float) -> list[LeaseLostError | None]:
+        """Renew every token in one step per batch (optional method)."""
+        distinct_work_ids([token.work_id for token in tokens])
+        seconds = backend_ttl(ttl)
+        self._open("renew_many")
+        return self._renew_all(tokens, seconds)
+
+    def _renew_all(self, tokens: Sequence[Token], ttl: float) -> list[LeaseLostError | None]:
+        outcomes: list[LeaseLostError | None] = [None] * len(tokens)
+        if not tokens:
+            return outcomes
+        cached = {i: self._cached(token, ttl) for i, token in enumerate(tokens) if ttl > 0}
+        alive = self._keepalive([lease for lease in cached.values() if lease], "renew")
+        # Then read what holds each work ID: a refreshed etcd lease counts only while the
+        # work ID's hold key is still attached to it and the token is still the grant.
+        seen = self._read_many([self._keys(token.work_id) for token in tokens], "renew")
+        regrant: dict[int, Record] = {}
+        later: list[int] = []
+        for i, token in enumerate(tokens):
+            record = seen[token.work_id]
+            lost = record.lost(token, "renew")
+            if lost is not None:
+                outcomes[i] = lost
+            elif not record.held:
+                outcomes[i] = lease_expired(token, "renew", "the lease expired or was released")
+            elif ttl <= 0 or not (
+                cached.get(i) and record.hold_lease == cached[i] and alive.get(cached[i], 0) > 0
+            ):
+                later.append(i)
+                regrant[i] = record
+        if not later:
+            return outcomes
+        # Held under an etcd lease this instance did not grant, or with another TTL.
+        if ttl > 0:
+            refreshed = self._keepalive([regrant[i].hold_lease for i in later], "renew")
+        else:
+            refreshed = {}
+        plans: list[_Plan] = []
+        for i in later:
+            token, record = tokens[i], regrant[i]
+            keys = self._keys(token.work_id)
+            granted = refreshed.get(record.hold_lease, 0)
+            if ttl > 0 and granted == lease_seconds(ttl):
+                self._remember(token, record.hold_lease, ttl)
+                continue
+            if ttl > 0 and granted == 0:
+                outcomes[i] = lease_expired(token, "renew", "the lease expired or was released")
+                continue
+            guard = [*same_token(keys, token), attached_to(keys.key(b"h"), record.hold_lease)]
+            if ttl <= 0:
+                plans.append(
+                    _Plan(
+                        i, keys, token, guard, [delete(keys.key(b"h")), stamp(keys, wall_clock())]
+                    )
+                )
+            else:
+                lease = self._grant(ttl, "renew")
+                plans.append(
+                    _Plan(
+                        i,
+                        keys,
+                        token,
+                        guard,
+                        [hold(keys, token, lease), stamp(keys, wall_clock())],
+                        lease,
+                    )
+                )
+        if plans:
+            done = self._commit(plans, "renew")
+            for plan in plans:
+                result = done[plan.index]
+                assert plan.token is not None
+                if result is None:
+                    self._remember(plan.token, plan.lease, ttl)
+                    continue
+                lost = result.lost(plan.token, "renew")
+                outcomes[plan.index] = lost or lease_expired(
+                    plan.token, "renew", "the lease expired or was released"
+                )
+        return outcomes
+
+    def release(self, token: Token, mode: ExitMode) -> None:
+        declared = check_exit_mode(mode)
+        self._open("release")
+        (outcome,) = self._release_all([token], declared)
+        if outcome is not None:
+            raise outcome
+
+    def release_many(self, tokens: Sequence[Token], mode: ExitMode) -> list[LeaseLostError | None]:
+        """Release every token with ``mode`` in one step per batch (optional method)."""
+        declared = check_exit_mode(mode)
+        distinct_work_ids([token.work_id for token in tokens])
+        self._open("release_many")
+        return self._release_all(tokens, declared)
+
+    def _release_all(self, tokens: Sequence[Token], mode: ExitMode) -> list[LeaseLostError | None]:
+        outcomes: list[LeaseLostError | None] = [None] * len(tokens)
+        pending = list(range(len(tokens)))
+        for _ in range(_RACES):
+            plans = []
+            for i in pending:
+                token = tokens[i]
+                keys = self._keys(token.work_id)
+                plans.append(
+                    _Plan(
+                        i,
+                        keys,
+                        token,
+                        [*same_token(keys, token), present(keys.key(b"h"))],
+                        [
+                            put(keys.key(b"x"), mode.value.encode("ascii")),
+                            delete(keys.key(b"h")),
+                            stamp(keys, wall_clock()),
+                        ],
+                    )
+                )
+            done = self._commit(plans, "release")
+            pending = []
+            for plan in plans:
+                result = done[plan.index]
+                assert plan.token is not None
+                if result is None:
+                    self._forget_lease(plan.token)
+                    continue
+                lost = result.lost(plan.token, "release")
+                if lost is not None:
+                    outcomes[plan.index] = lost
+                elif not result.held:
+                    outcomes[plan.index] = lease_expired(
+                        plan.token, "release", "the lease expired or was released"
+                    )
+                else:
+                    pending.append(plan.index)  # refused for another work ID of its batch
+            if not pending:
+                return outcomes
+        raise _contended(tokens[pending[0]], "release")
+
+    def forget(self, token: Token) -> None:
+        self._open("forget")
+        keys = self._keys(token.work_id)
+        answer = self._txn(
+            txn(same_token(keys, token), [delete(keys.base, keys.end)], []), "forget"
+        )
+        if not answer.get("succeeded"):
+            raise fenced(token, "forget")
+        self._forget_lease(token)
+
+    # -- housekeeping ----------------------------------------------------------------------
+
+    def sweep(self, retention: float, include_expired: bool) -> int:
+        keep_for = non_negative_seconds(retention, "retention")
+        expired_too = check_flag(include_expired, "include_expired")
+        self._open("sweep")
+        # Keys only first: unheld work IDs are the candidates; then their exit and stamp.
+        unheld: list[str] = []
+        for work_id, kinds in (self._key_index("sweep")).items():
+            if b"h" not in kinds and b"t" in kinds:
+                unheld.append(work_id)
+        if not unheld:
+            return 0
+        seen = self._read_stamps(unheld, "sweep")
+        now = wall_clock()
+        doomed = [
+            record
+            for record in seen.values()
+            if not record.held
+            and record.updated is not None
+            and now - record.updated > keep_for
+            and (record.exit_mode is ExitMode.RETIRED or (expired_too and record.exit_mode is None))
+        ]
+        deleted = 0
+        for part in chunks(doomed, 3):
+            answer = self._txn(_sweep_txn(self._prefix, part), "sweep")
+            if answer.get("succeeded"):
+                deleted += len(part)
+                continue
+            for record in part:  # one changed meanwhile: each on its own
+                single = self._txn(_sweep_txn(self._prefix, [record]), "sweep")
+                deleted += bool(single.get("succeeded"))
+        return deleted
+
+    def _key_index(self, operation: str) -> dict[str, set[bytes]]:
+        """Work ID -> the kinds of key it has, over the whole prefix (keys only, paged)."""
+        index: dict[str, set[bytes]] = {}
+        start, end = self._prefix, prefix_end(self._prefix)
+        while True:
+            response = self._post(
+                "/v3/kv/range",
+                operation,
+                idempotent=True,
+                body={"key": b64(start), "range_end": b64(end), "keys_only": True, "limit": 5000},
+            )
+            answer = response.json()
+            kvs = answer.get("kvs", ())
+            for kv in kvs:
+                key = unb64(kv["key"])[len(self._prefix) :]
+                name, _, kind = key.rpartition(b"\x00")
+                index.setdefault(name.decode("utf-8", errors="replace"), set()).add(kind)
+            if not answer.get("more") or not kvs:
+                return index
+            start = unb64(kvs[-1]["key"]) + b"\x00"
+
+    def _read_stamps(self, ids: Sequence[str], operation: str) -> dict[str, Record]:
+        found: dict[str, Record] = {}
+        for part in chunks(ids, 3):
+            reads = [
+                {"request_range": {"key": b64(self._keys(work_id).key(kind))}}
+                for work_id in part
+                for kind in (b"t", b"x", b"u")
+            ]
+            answer = self._txn(txn([], reads, []), operation)
+            found.update(records(self._prefix, range_kvs(answer.get("responses"))))
+        return found
+
+    def rows(self) -> list[dict[str, Any]]:
+        """Every work ID under the prefix, as a plain dict per work ID (for tools and the
+        CLI): holder, token, held, checkpoint size, exit fields, the held etcd lease's TTL
+        left in seconds, and the last write's time."""
+        self._open("rows")
+        start = self._prefix
+        response = self._post(
+            "/v3/kv/range",
+            "rows",
+            idempotent=True,
+            body={"key": b64(start), "range_end": b64(prefix_end(start))},
+        )
+        found = records(self._prefix, response.json().get("kvs", ()))
+        rows: list[dict[str, Any]] = []
+        for work_id in sorted(found):
+            record = found[work_id]
+            left: int | None = None
+            if record.held and record.hold_lease:
+                live = self._post(
+                    "/v3/lease/timetolive",
+                    "rows",
+                    idempotent=True,
+                    body={"ID": str(record.hold_lease)},
+                )
+                left = max(int(live.json().get("TTL", 0)), 0)
+            rows.append(
+                {
+                    "work_id": work_id,
+                    "holder_id": record.holder_id,
+                    "fencing_token": record.token,
+                    "held": record.held,
+                    "ttl_left": left,
+                    "checkpoint_bytes": len(record.checkpoint or b""),
+                    "exit_mode": record.exit_mode,
+                    "prev_exit": record.prev_exit,
+                    "prev_holder_id": record.prev_holder_id,
+                    "updated_at": (
+                        None
+                        if record.updated is None
+                        else datetime.fromtimestamp(record.updated, UTC)
+                    ),
+                }
+            )
+        return rows
+
+    # -- release watch ---------------------------------------------------------------------
+
+    def watch_releases(self, work_ids: Iterable[str]) -> ReleaseWatch | None:
+        """A watch woken when one of ``work_ids`` is released, forgotten or lapses, seen
+        through etcd's watch API from any client (optional method); ``None`` once closed."""
+        if self._closed:
+            return None
+        watch = self._hub.watch(work_ids)
+        if self._watcher is None:
+            self._watcher = spawn(self._watch_loop, name="worklease-etcd-watch")
+        return watch
+
+    def _watch_loop(self) -> None:
+        backoff = Backoff(initial=0.2, maximum=5.0)
+        base = backoff.initial
+        after: int | None = None  # the last revision seen: a new watch resumes after it
+        start, end = self._prefix, prefix_end(self._prefix)
+        while not self._watch_stop.is_set():
+            endpoint = self._endpoints[self._preferred]
+            request: dict[str, Any] = {
+                "key": b64(start),
+                "range_end": b64(end),
+                "filters": ["NOPUT"],
+            }
+            if after is not None:
+                request["start_revision"] = str(after + 1)
+            try:
+                headers = self._headers("watch")
+                with self._client.stream(
+                    "POST",
+                    endpoint + "/v3/watch",
+                    json={"create_request": request},
+                    headers=headers,
+                    timeout=httpx.Timeout(self._timeout, read=_WATCH_TICK),
+                ) as response:
+                    if response.status_code != 200:
+                        raise BackendError(f"watch: HTTP {response.status_code}", transient=True)
+                    for line in response.iter_lines():
+                        if not line.strip():
+                            continue
+                        after = self._watch_event(json.loads(line), after)
+                        base = backoff.initial
+            except httpx.ReadTimeout:
+                continue  # quiet for a tick: watch again from the last revision
+            except _Compacted:
+                after = None
+                self._hub.wake_all()
+                continue
+            except Exception as exc:
+                if self._watch_stop.is_set():
+                    return
+                logger.info(
+                    "worklease: etcd release watch interrupted (%s); resuming", first_line(exc)
+                )
+                self._preferred = (self._preferred + 1) % len(self._endpoints)
+                self._hub.wake_all()
+                self._watch_stop.wait(backoff.delay(base))
+                base = backoff.next_base(base)
+
+    def _watch_event(self, message: dict[str, Any], after: int | None) -> int | None:
+        result = message.get("result")
+        if result is None:
+            raise BackendError(f"watch: {message.get('error')}", transient=True)
+        if result.get("compact_revision") and result.get("canceled"):
+            raise _Compacted()
+        revision = int(result.get("header", {}).get("revision", 0))
+        if after is None and result.get("created"):
+            after = revision
+        for event in result.get("events", ()):
+            key = unb64(event.get("kv", {}).get("key"))
+            if event.get("type") == "DELETE" and key.endswith(b"\x00h"):
+                work_id = key[len(self._prefix) : -2].decode("utf-8", errors="replace")
+                self._hub.publish(work_id)
+            after = max(after or 0, int(event.get("kv", {}).get("mod_revision", 0)))
+        return after
+
+    # -- lifetime --------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Close the backend (idempotent): later operations raise ``BackendError`` and
+        ``watch_releases`` returns ``None``. Leases stay in etcd until they expire."""
+        if self._closed:
+            return
+        self._closed = True
+        self._watch_stop.set()
+        watcher = self._watcher
+        if watcher is not None:
+            cancel_worker(watcher)
+            join_all([watcher], timeout=_WATCH_TICK * 3)
+        self._hub.wake_all()
+        self._client.close()
+
+    def __enter__(self) -> EtcdBackend:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+
+class _Compacted(Exception):
+    """The watch's start revision was compacted away: watch from now, everyone looks again."""
+
+
+def _cut(plans: Sequence[_Plan]) -> list[Sequence[_Plan]]:
+    """Plans in groups whose compare and write lists fit one transaction."""
+    groups: list[Sequence[_Plan]] = []
+    current: list[_Plan] = []
+    compares = writes = 0
+    for plan in plans:
+        c, w = len(plan.compares), len(plan.writes)
+        if current and (
+            compares + c > MAX_TXN_OPS or writes + w > MAX_TXN_OPS or len(current) >= MAX_TXN_OPS
+        ):
+            groups.append(current)
+            current, compares, writes = [], 0, 0
+        current.append(plan)
+        compares += c
+        writes += w
+    if current:
+        groups.append(current)
+    return groups
+
+
+def _sweep_txn(prefix: bytes, part: Sequence[Record]) -> dict[str, Any]:
+    compares: list[dict[str, Any]] = []
+    deletes: list[dict[str, Any]] = []
+    for record in part:
+        keys = WorkKeys.of(prefix, record.work_id)
+        compares += [
+            absent(keys.key(b"h")),
+            revision_is(keys.key(b"t"), record.token_revision),
+            revision_is(keys.key(b"u"), record.updated_revision),
+        ]
+        deletes.append(delete(keys.base, keys.end))
+    return txn(compares, deletes, [])
+
+
+def _expiry(started: float, ttl: float) -> datetime:
+    """The expiry a holder may count on: from before the request, so never later than
+    etcd's (whose lease starts when the grant arrives and lasts at least ``ttl``)."""
+    now = datetime.fromtimestamp(started, UTC)
+    if ttl <= 0:
+        return now + min(timedelta(seconds=ttl), -timedelta(microseconds=1))
+    return now + timedelta(seconds=ttl)
+
+
+def _contended(token: Token, operation: str) -> BackendError:
+    return BackendError(
+        f"{operation}: work ID {token.work_id!r} kept changing under {_RACES} attempts",
+        transient=True,
+    )

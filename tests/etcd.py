@@ -1,0 +1,241 @@
+"""Private etcd clusters for the tests: members on loopback ports, data in a temporary
+directory (in memory where /dev/shm exists), stopped at the end.
+
+The ``etcd`` binary comes from Debian's ``etcd-server`` package (``.ci/run`` installs it) or
+``WORKLEASE_TEST_ETCD`` (a path). Ports are picked free; a member that cannot bind (another
+process took the port meanwhile) makes the whole start retry on new ports.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+
+
+class Unavailable(Exception):
+    """No etcd binary was found, or no cluster could be started."""
+
+
+def find_etcd() -> str | None:
+    named = os.environ.get("WORKLEASE_TEST_ETCD")
+    if named:
+        return named
+    return shutil.which("etcd") or (
+        "/usr/bin/etcd" if os.access("/usr/bin/etcd", os.X_OK) else None
+    )
+
+
+def _free_ports(count: int) -> list[int]:
+    sockets = []
+    try:
+        for _ in range(count):
+            s = socket.socket()
+            s.bind(("127.0.0.1", 0))
+            sockets.append(s)
+        return [s.getsockname()[1] for s in sockets]
+    finally:
+        for s in sockets:
+            s.close()
+
+
+@dataclass
+class Member:
+    name: str
+    client_port: int
+    peer_port: int
+    data_dir: Path
+    log: Path
+    process: subprocess.Popen[bytes] | None = None
+    paused: bool = False
+
+    @property
+    def client_url(self) -> str:
+        return f"http://127.0.0.1:{self.client_port}"
+
+    @property
+    def peer_url(self) -> str:
+        return f"http://127.0.0.1:{self.peer_port}"
+
+
+@dataclass
+class EtcdCluster:
+    binary: str
+    root: Path
+    members: list[Member]
+    heartbeat_ms: int
+    election_ms: int
+    token: str = field(default="")
+
+    @property
+    def endpoints(self) -> list[str]:
+        return [member.client_url for member in self.members]
+
+    def _initial_cluster(self) -> str:
+        return ",".join(f"{m.name}={m.peer_url}" for m in self.members)
+
+    def _launch(self, member: Member, state: str) -> None:
+        args = [
+            self.binary,
+            "--name", member.name,
+            "--data-dir", str(member.data_dir),
+            "--listen-client-urls", member.client_url,
+            "--advertise-client-urls", member.client_url,
+            "--listen-peer-urls", member.peer_url,
+            "--initial-advertise-peer-urls", member.peer_url,
+            "--initial-cluster", self._initial_cluster(),
+            "--initial-cluster-state", state,
+            "--initial-cluster-token", self.token,
+            "--heartbeat-interval", str(self.heartbeat_ms),
+            "--election-timeout", str(self.election_ms),
+            "--log-level", "warn",
+        ]  # fmt: skip
+        log = member.log.open("ab")
+        member.process = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT)
+        log.close()
+        member.paused = False
+
+    def start(self) -> None:
+        for member in self.members:
+            self._launch(member, "new")
+        self.wait_healthy(timeout=30.0)
+
+    def alive(self, member: Member) -> bool:
+        return member.process is not None and member.process.poll() is None
+
+    def wait_healthy(self, timeout: float = 20.0, members: list[Member] | None = None) -> None:
+        """Until every given (running) member reports a leader."""
+        deadline = time.monotonic() + timeout
+        waiting = [m for m in (members or self.members) if self.alive(m) and not m.paused]
+        while waiting:
+            for member in list(waiting):
+                if member.process is not None and member.process.poll() is not None:
+                    raise Unavailable(f"etcd member {member.name} exited: {self.tail(member)}")
+                with contextlib.suppress(httpx.HTTPError, ValueError):
+                    answer = httpx.get(member.client_url + "/health", timeout=1.0).json()
+                    if answer.get("health") == "true":
+                        waiting.remove(member)
+            if waiting and time.monotonic() > deadline:
+                names = ", ".join(m.name for m in waiting)
+                raise Unavailable(f"etcd member(s) {names} not healthy after {timeout}s")
+            if waiting:
+                time.sleep(0.05)
+
+    def status(self, member: Member) -> dict[str, object]:
+        answer: dict[str, object] = httpx.post(
+            member.client_url + "/v3/maintenance/status", json={}, timeout=2.0
+        ).json()
+        return answer
+
+    def leader(self, timeout: float = 20.0) -> Member:
+        """The member that leads now (waits for an election to finish)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            for member in self.members:
+                if not self.alive(member) or member.paused:
+                    continue
+                with contextlib.suppress(httpx.HTTPError, ValueError, KeyError):
+                    status = self.status(member)
+                    header = status["header"]
+                    assert isinstance(header, dict)
+                    if status.get("leader") and status["leader"] == header["member_id"]:
+                        return member
+            if time.monotonic() > deadline:
+                raise Unavailable("no etcd leader")
+            time.sleep(0.05)
+
+    def kill(self, member: Member) -> None:
+        """SIGKILL: the member dies at once, as in a crash."""
+        if member.process is not None:
+            if member.paused:
+                member.process.send_signal(signal.SIGCONT)
+            member.process.kill()
+            member.process.wait(timeout=10)
+
+    def restart(self, member: Member) -> None:
+        """Start a killed member again on its data (it rejoins the cluster)."""
+        self._launch(member, "existing")
+        self.wait_healthy(members=[member])
+
+    def pause(self, member: Member) -> None:
+        """SIGSTOP: the member stops answering anyone (a partition, from the outside)."""
+        assert member.process is not None
+        member.process.send_signal(signal.SIGSTOP)
+        member.paused = True
+
+    def resume(self, member: Member) -> None:
+        assert member.process is not None
+        member.process.send_signal(signal.SIGCONT)
+        member.paused = False
+
+    def tail(self, member: Member, lines: int = 15) -> str:
+        with contextlib.suppress(OSError):
+            return "\n".join(member.log.read_text(errors="replace").splitlines()[-lines:])
+        return ""
+
+    def stop(self) -> None:
+        for member in self.members:
+            if member.process is not None and member.process.poll() is None:
+                if member.paused:
+                    member.process.send_signal(signal.SIGCONT)
+                member.process.terminate()
+        for member in self.members:
+            if member.process is not None:
+                try:
+                    member.process.wait(timeout=10)
+                except subprocess.TimeoutExpired:
+                    member.process.kill()
+                    member.process.wait(timeout=10)
+        shutil.rmtree(self.root, ignore_errors=True)
+
+
+def start_cluster(size: int = 3, *, heartbeat_ms: int = 50, election_ms: int = 500) -> EtcdCluster:
+    """A running cluster of ``size`` members with a leader; stop it with ``stop()``."""
+    binary = find_etcd()
+    if binary is None:
+        raise Unavailable(
+            "no etcd binary (install Debian's etcd-server or set WORKLEASE_TEST_ETCD)"
+        )
+    base = "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
+    last: Exception | None = None
+    for _ in range(5):
+        root = Path(tempfile.mkdtemp(prefix="worklease-etcd-", dir=base))
+        ports = _free_ports(2 * size)
+        members = [
+            Member(
+                f"m{i}",
+                ports[2 * i],
+                ports[2 * i + 1],
+                root / f"m{i}",
+                root / f"m{i}.log",
+            )
+            for i in range(size)
+        ]
+        cluster = EtcdCluster(binary, root, members, heartbeat_ms, election_ms, root.name)
+        try:
+            cluster.start()
+        except Unavailable as exc:  # a port taken meanwhile, most likely: new ports
+            last = exc
+            cluster.stop()
+            continue
+        return cluster
+    raise Unavailable(f"could not start an etcd cluster: {last}")
+
+
+@contextlib.contextmanager
+def cluster(size: int = 3, **kwargs: int) -> Iterator[EtcdCluster]:
+    started = start_cluster(size, **kwargs)
+    try:
+        yield started
+    finally:
+        started.stop()
