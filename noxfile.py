@@ -102,6 +102,7 @@ def bench(session: nox.Session) -> None:
     session.run("python", "benchmarks/bench_handoff.py", *dsn)
     session.run("python", "benchmarks/bench_transaction.py", *dsn)
     session.run("python", "benchmarks/bench_concurrency.py", *dsn)
+    session.run("python", "benchmarks/bench_etcd.py", *dsn)
 
 
 @nox.session(name="bench-scale", python=GEN_PYTHON)

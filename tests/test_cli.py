@@ -11,6 +11,7 @@ import sys
 from datetime import UTC, datetime
 from pathlib import Path
 from time import sleep
+from typing import Any
 
 import pytest
 from psycopg_pool import ConnectionPool
@@ -421,3 +422,38 @@ def test_status_watch_refuses_json() -> None:
     assert (
         result.stderr == "worklease status: --watch redraws a table: it does not go with --json\n"
     )
+
+
+@pytest.mark.etcd
+def test_status_and_sweep_read_etcd(etcd_cluster: Any) -> None:
+    prefix = f"cli-{os.getpid()}-{datetime.now(UTC).timestamp():.0f}/"
+    endpoints = ",".join(etcd_cluster.endpoints)
+    target = ("--etcd", endpoints, "--etcd-prefix", prefix)
+    with worklease.EtcdBackend(etcd_cluster.endpoints, prefix=prefix) as backend:
+        held = backend.acquire("job-held", "worker-a", 60.0)
+        backend.checkpoint(held, b"12345", 60.0)
+        retired = backend.acquire("job-retired", "worker-b", 60.0)
+        backend.release(retired, ExitMode.RETIRED)
+        table = run("status", *target)
+        assert table.returncode == 0, table.stderr
+        lines = table.stdout.splitlines()
+        assert lines[0].split()[:4] == ["WORK", "ID", "HOLDER", "TOKEN"]
+        row = next(line for line in lines if line.startswith("job-held"))
+        assert "worker-a" in row
+        assert str(held.fencing_token) in row
+        assert "held" in row
+        assert "5 B" in row
+        assert "in " in row  # the etcd lease's TTL left
+        released = run("status", *target, "--state", "released", "--json")
+        assert released.returncode == 0, released.stderr
+        document = json.loads(released.stdout)
+        assert [(d["work_id"], d["exit_mode"]) for d in document] == [("job-retired", "retired")]
+        sleep(1.1)
+        swept = run("sweep", *target, "--retention", "1s")
+        assert swept.returncode == 0, swept.stderr
+        assert swept.stdout.startswith("deleted 1 retired work ID(s) not updated for 1s")
+        after = json.loads(run("status", *target, "--json").stdout)
+        assert [d["work_id"] for d in after] == ["job-held"]
+        refused = run("status", *target, "--by-holder")
+        assert refused.returncode == 1
+        assert "PostgreSQL only" in refused.stderr

@@ -195,8 +195,97 @@ def _status(args: argparse.Namespace) -> None:
         print()
 
 
+ETCD_HELP = (
+    "read leases from etcd instead: the members' client URLs, comma-separated "
+    "(http://host:2379,...); the key prefix comes from --etcd-prefix"
+)
+
+
+def _etcd_backend(args: argparse.Namespace) -> Any:
+    from ._sync.etcd import EtcdBackend  # httpx: the etcd extra
+
+    return EtcdBackend(args.etcd, prefix=args.etcd_prefix, timeout=5.0)
+
+
+def _print_table(table: Sequence[Sequence[str]], numeric: set[int]) -> None:
+    widths = [max(len(row[i]) for row in table) for i in range(len(table[0]))]
+    for index, row in enumerate(table):
+        cells = [
+            cell.rjust(widths[i]) if i in numeric and index else cell.ljust(widths[i])
+            for i, cell in enumerate(row)
+        ]
+        print("  ".join(cells).rstrip())
+
+
+def _etcd_status(args: argparse.Namespace, pattern: str | None) -> None:
+    """``status`` on etcd: the same columns; the expiry is the etcd lease's TTL left."""
+    import re
+
+    if args.by_holder:
+        raise CommandError("--by-holder reads PostgreSQL only; use it without --etcd")
+    with _etcd_backend(args) as backend:
+        rows = backend.rows()
+    matcher = re.compile(pattern) if pattern is not None else None
+    listed = []
+    for row in rows:
+        state = "held" if row["held"] else ("released" if row["exit_mode"] else "expired")
+        if matcher is not None and not matcher.search(row["work_id"]):
+            continue
+        if args.state is not None and state != args.state:
+            continue
+        listed.append((row, state))
+    if args.json:
+        document = [
+            {
+                "work_id": row["work_id"],
+                "holder_id": row["holder_id"],
+                "fencing_token": row["fencing_token"],
+                "state": state,
+                "exit_mode": row["exit_mode"],
+                "prev_exit": row["prev_exit"],
+                "prev_holder_id": row["prev_holder_id"],
+                "expires_in": row["ttl_left"],
+                "checkpoint_size": row["checkpoint_bytes"],
+                "updated_at": _iso(row["updated_at"]),
+            }
+            for row, state in listed
+        ]
+        json.dump(document, sys.stdout, indent=2, default=str)
+        sys.stdout.write("\n")
+        return
+    if not listed:
+        print("no leases" + (" match" if pattern or args.state else ""))
+        return
+    table: list[tuple[str, ...]] = [
+        ("WORK ID", "HOLDER", "TOKEN", "STATE", "EXIT", "PREV EXIT", "EXPIRES", "CHECKPOINT",
+         "UPDATED"),
+    ]  # fmt: skip
+    for row, state in listed:
+        prev = str(row["prev_exit"])
+        if row["prev_holder_id"] is not None:
+            prev = f"{prev} ({row['prev_holder_id']})"
+        left = row["ttl_left"]
+        table.append(
+            (
+                row["work_id"],
+                str(row["holder_id"]),
+                str(row["fencing_token"]),
+                state,
+                str(row["exit_mode"] or "-"),
+                prev,
+                f"in {format_duration(float(left))}" if left is not None else "-",
+                f"{row['checkpoint_bytes']} B" if row["checkpoint_bytes"] else "-",
+                _iso(row["updated_at"], "seconds") or "-",
+            )
+        )
+    _print_table(table, {2})
+
+
 def _status_once(args: argparse.Namespace) -> None:
     pattern = glob_to_regex(args.work_id) if args.work_id is not None else None
+    if args.etcd:
+        _etcd_status(args, pattern)
+        return
     statements = Statements(args.schema)
     if args.by_holder:
         _status_by_holder(args, statements, pattern)
@@ -246,14 +335,7 @@ def _status_once(args: argparse.Namespace) -> None:
                 _iso(record.updated_at, "seconds") or "-",
             )
         )
-    widths = [max(len(row[i]) for row in table) for i in range(len(header))]
-    numeric = {2}
-    for row in table:
-        cells = [
-            cell.rjust(widths[i]) if i in numeric and row is not header else cell.ljust(widths[i])
-            for i, cell in enumerate(row)
-        ]
-        print("  ".join(cells).rstrip())
+    _print_table(table, {2})
 
 
 def _status_by_holder(
@@ -275,26 +357,26 @@ def _status_by_holder(
         print("no leases held" + (" match" if pattern else ""))
         return
     table = [("HOLDER", "HELD", "POOL GROUPS")] + [(h, str(n), str(g)) for h, n, g in counts]
-    widths = [max(len(row[i]) for row in table) for i in range(3)]
-    for index, row in enumerate(table):
-        cells = [
-            row[0].ljust(widths[0]),
-            row[1].rjust(widths[1]) if index else row[1].ljust(widths[1]),
-            row[2].rjust(widths[2]) if index else row[2].ljust(widths[2]),
-        ]
-        print("  ".join(cells).rstrip())
+    _print_table(table, {1, 2})
     total = sum(n for _, n, _ in counts)
     print(f"{total} work ID(s) held by {len(counts)} holder(s)")
 
 
 def _sweep(args: argparse.Namespace) -> None:
     retention = parse_duration(args.retention)
+    kinds = "retired and lapsed" if args.include_expired else "retired"
+    if args.etcd:
+        if args.dry_run:
+            raise CommandError("--dry-run counts on PostgreSQL only; use it without --etcd")
+        with _etcd_backend(args) as backend:
+            count = backend.sweep(retention, bool(args.include_expired))
+        print(f"deleted {count} {kinds} work ID(s) not updated for {args.retention}")
+        return
     statements = Statements(args.schema)
     params = {
         "retention": timedelta(seconds=retention),
         "include_expired": bool(args.include_expired),
     }
-    kinds = "retired and lapsed" if args.include_expired else "retired"
     with _connect(args.dsn) as conn:
         if args.dry_run:
             rows, _ = _query(conn, "sweep", statements.count_sweepable, params)
@@ -376,6 +458,10 @@ def _parser() -> argparse.ArgumentParser:
     )
     status.add_argument("--dsn", help=DSN_HELP)
     status.add_argument("--schema", metavar="NAME", help="the schema holding the tables")
+    status.add_argument("--etcd", metavar="ENDPOINTS", help=ETCD_HELP)
+    status.add_argument(
+        "--etcd-prefix", metavar="PREFIX", default="worklease/", help="etcd key prefix"
+    )
     status.add_argument(
         "--work-id", metavar="GLOB", help="only work IDs matching this glob (*, ?, [abc], [!a])"
     )
@@ -410,6 +496,10 @@ def _parser() -> argparse.ArgumentParser:
     )
     sweep.add_argument("--dsn", help=DSN_HELP)
     sweep.add_argument("--schema", metavar="NAME", help="the schema holding the tables")
+    sweep.add_argument("--etcd", metavar="ENDPOINTS", help=ETCD_HELP)
+    sweep.add_argument(
+        "--etcd-prefix", metavar="PREFIX", default="worklease/", help="etcd key prefix"
+    )
     sweep.add_argument("--retention", required=True, metavar="DURATION", help="e.g. 7d, 12h, 1h30m")
     sweep.add_argument(
         "--include-expired", action="store_true", help="also delete lapsed, undeclared rows"
@@ -449,7 +539,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if getattr(args, "schema", None) is not None:
             check_schema_name(args.schema)
-        if hasattr(args, "dsn"):
+        if hasattr(args, "dsn") and not getattr(args, "etcd", None):
             args.dsn = resolve_dsn(args.dsn)
         args.handler(args)
     except _Quiet:
