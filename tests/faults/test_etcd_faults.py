@@ -283,7 +283,9 @@ def test_a_paused_client_writes_nothing_after_a_takeover(
                 )
             lines: list[dict[str, object]] = []
 
-            def read(proc: subprocess.Popen[str] = process, out: list = lines) -> None:
+            def read(
+                proc: subprocess.Popen[str] = process, out: list[dict[str, object]] = lines
+            ) -> None:
                 assert proc.stdout is not None
                 for line in proc.stdout:
                     out.append(json.loads(line))

@@ -273,7 +273,8 @@ class EtcdBackend:
         ) from last
 
     def _txn(self, body: dict[str, Any], operation: str) -> dict[str, Any]:
-        writes = bool(body["success"]) or any("request_range" not in op for op in body["failure"])
+        # Reads only (a snapshot of ranges): safe to send to another member after no answer.
+        writes = any("request_range" not in op for op in (*body["success"], *body["failure"]))
         response = self._post("/v3/kv/txn", operation, idempotent=not writes, body=body)
         answer: dict[str, Any] = response.json()
         return answer
@@ -929,8 +930,11 @@ class EtcdBackend:
             }
             if after is not None:
                 request["start_revision"] = str(after + 1)
+            created = [False]
             try:
-                headers = self._headers("watch")
+                # etcd cancels the stream when its member loses the leader (gRPC metadata
+                # "hasleader"), so a member cut off from the quorum is left for another.
+                headers = self._headers("watch") | {"Grpc-Metadata-hasleader": "true"}
                 with self._client.stream(
                     "POST",
                     endpoint + "/v3/watch",
@@ -943,9 +947,11 @@ class EtcdBackend:
                     for line in response.iter_lines():
                         if not line.strip():
                             continue
-                        after = self._watch_event(json.loads(line), after)
+                        after = self._watch_event(json.loads(line), after, created)
                         base = backoff.initial
             except httpx.ReadTimeout:
+                if not created[0]:  # the member did not even set the watch up: another one
+                    self._preferred = (self._preferred + 1) % len(self._endpoints)
                 continue  # quiet for a tick: watch again from the last revision
             except _Compacted:
                 after = None
@@ -962,15 +968,24 @@ class EtcdBackend:
                 self._watch_stop.wait(backoff.delay(base))
                 base = backoff.next_base(base)
 
-    def _watch_event(self, message: dict[str, Any], after: int | None) -> int | None:
+    def _watch_event(
+        self, message: dict[str, Any], after: int | None, created: list[bool]
+    ) -> int | None:
         result = message.get("result")
         if result is None:
             raise BackendError(f"watch: {message.get('error')}", transient=True)
         if result.get("compact_revision") and result.get("canceled"):
             raise _Compacted()
+        if result.get("canceled"):
+            raise BackendError(f"watch: canceled ({result.get('cancel_reason')})", transient=True)
         revision = int(result.get("header", {}).get("revision", 0))
-        if after is None and result.get("created"):
-            after = revision
+        if result.get("created"):
+            created[0] = True
+            if after is None:
+                # Watching from now on: a release between a watch's registration and this
+                # moment went unseen, so every waiter looks again.
+                after = revision
+                self._hub.wake_all()
         for event in result.get("events", ()):
             key = unb64(event.get("kv", {}).get("key"))
             if event.get("type") == "DELETE" and key.endswith(b"\x00h"):

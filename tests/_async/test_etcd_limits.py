@@ -1,0 +1,60 @@
+"""The etcd backend at etcd's limits: batches beyond ``--max-txn-ops`` and a checkpoint beyond
+``--max-request-bytes`` (issue 17)."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+
+from worklease import AsyncEtcdBackend, BackendError, ExitMode
+
+pytestmark = pytest.mark.etcd
+
+MANY = 300
+"""More work IDs than one etcd transaction may touch (128 operations by default)."""
+
+
+@pytest.fixture
+async def backend(etcd_cluster: Any) -> AsyncIterator[AsyncEtcdBackend]:
+    async with AsyncEtcdBackend(
+        etcd_cluster.endpoints, prefix=f"limits-{uuid.uuid4().hex}/"
+    ) as etcd:
+        yield etcd
+
+
+async def test_batches_beyond_the_transaction_limit_are_cut_and_complete(
+    backend: AsyncEtcdBackend,
+) -> None:
+    ids = [f"w{i:04d}" for i in range(MANY)]
+    taken = await backend.acquire("w0007", "other", 60.0)
+    assert len(await backend.find_available(ids)) == MANY - 1
+    grants = await backend.acquire_many(ids, "h", 60.0)
+    assert [token.work_id for token, _ in grants] == [w for w in ids if w != "w0007"]
+    fencing = [token.fencing_token for token, _ in grants]
+    assert len(set(fencing)) == len(fencing)
+    assert min(fencing) > taken.fencing_token
+    tokens = [token for token, _ in grants]
+    assert await backend.renew_many(tokens, 60.0) == [None] * len(tokens)
+    states = [(token, f"s{i}".encode()) for i, token in enumerate(tokens)]
+    assert await backend.checkpoint_many(states, 60.0) == [None] * len(tokens)
+    assert (await backend.read_checkpoint(tokens[-1])).state == f"s{len(tokens) - 1}".encode()
+    survey = await backend.survey(ids, "w00")
+    assert dict(survey.held) == {"h": MANY - 1, "other": 1}
+    assert await backend.release_many(tokens, ExitMode.RETIRED) == [None] * len(tokens)
+    assert len(await backend.find_available(ids)) == MANY - 1
+    assert await backend.sweep(0.0, False) == MANY - 1
+
+
+async def test_a_checkpoint_beyond_the_request_limit_is_refused_and_writes_nothing(
+    backend: AsyncEtcdBackend,
+) -> None:
+    token = await backend.acquire("big", "h", 60.0)
+    await backend.checkpoint(token, b"small", 60.0)
+    with pytest.raises(BackendError) as caught:
+        await backend.checkpoint(token, b"x" * (2 * 1024 * 1024), 60.0)
+    assert not caught.value.transient
+    assert (await backend.read_checkpoint(token)).state == b"small"
+    await backend.renew(token, 60.0)  # the lease is untouched

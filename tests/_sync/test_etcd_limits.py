@@ -1,0 +1,61 @@
+# Generated from tests/_async/test_etcd_limits.py by scripts/unasync.py -- do not edit.
+# Change the async source and run "python scripts/unasync.py".
+
+"""The etcd backend at etcd's limits: batches beyond ``--max-txn-ops`` and a checkpoint beyond
+``--max-request-bytes`` (issue 17)."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from worklease import BackendError, EtcdBackend, ExitMode
+
+pytestmark = pytest.mark.etcd
+
+MANY = 300
+"""More work IDs than one etcd transaction may touch (128 operations by default)."""
+
+
+@pytest.fixture
+def backend(etcd_cluster: Any) -> Iterator[EtcdBackend]:
+    with EtcdBackend(etcd_cluster.endpoints, prefix=f"limits-{uuid.uuid4().hex}/") as etcd:
+        yield etcd
+
+
+def test_batches_beyond_the_transaction_limit_are_cut_and_complete(
+    backend: EtcdBackend,
+) -> None:
+    ids = [f"w{i:04d}" for i in range(MANY)]
+    taken = backend.acquire("w0007", "other", 60.0)
+    assert len(backend.find_available(ids)) == MANY - 1
+    grants = backend.acquire_many(ids, "h", 60.0)
+    assert [token.work_id for token, _ in grants] == [w for w in ids if w != "w0007"]
+    fencing = [token.fencing_token for token, _ in grants]
+    assert len(set(fencing)) == len(fencing)
+    assert min(fencing) > taken.fencing_token
+    tokens = [token for token, _ in grants]
+    assert backend.renew_many(tokens, 60.0) == [None] * len(tokens)
+    states = [(token, f"s{i}".encode()) for i, token in enumerate(tokens)]
+    assert backend.checkpoint_many(states, 60.0) == [None] * len(tokens)
+    assert (backend.read_checkpoint(tokens[-1])).state == f"s{len(tokens) - 1}".encode()
+    survey = backend.survey(ids, "w00")
+    assert dict(survey.held) == {"h": MANY - 1, "other": 1}
+    assert backend.release_many(tokens, ExitMode.RETIRED) == [None] * len(tokens)
+    assert len(backend.find_available(ids)) == MANY - 1
+    assert backend.sweep(0.0, False) == MANY - 1
+
+
+def test_a_checkpoint_beyond_the_request_limit_is_refused_and_writes_nothing(
+    backend: EtcdBackend,
+) -> None:
+    token = backend.acquire("big", "h", 60.0)
+    backend.checkpoint(token, b"small", 60.0)
+    with pytest.raises(BackendError) as caught:
+        backend.checkpoint(token, b"x" * (2 * 1024 * 1024), 60.0)
+    assert not caught.value.transient
+    assert (backend.read_checkpoint(token)).state == b"small"
+    backend.renew(token, 60.0)  # the lease is untouched
