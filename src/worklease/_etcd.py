@@ -2,7 +2,8 @@
 bodies of every guarded transaction, and what each answer means.
 
 Layout (ADR-0013). Every work ID owns a handful of keys, all starting with
-``prefix + work_id + NUL`` (a work ID never contains NUL, so one range reads exactly its keys):
+``prefix + NUL + work_id + NUL`` (neither holds NUL, so one range reads exactly its keys, and
+an application under a longer prefix is never mistaken for work IDs of this one):
 
 - ``t``: the grant: ``slot NUL holder ID``. Written only by an acquire, so its
   ``mod_revision`` is the revision of the acquiring transaction, global and strictly
@@ -51,6 +52,10 @@ __all__ = [
 MAX_TXN_OPS = 128
 """etcd's default ``--max-txn-ops``: no list of a transaction (compares, success, failure)
 may be longer. Batches are cut to fit it."""
+
+MAX_TXN_BYTES = 1024 * 1024
+"""Bytes of values one batch transaction carries at most: below etcd's default
+``--max-request-bytes`` (1.5 MiB) with room for keys and encoding."""
 
 ACQUIRE_OPS = 5
 """Success operations per work ID of an acquire (t, p, h, u put; x deleted)."""
@@ -379,7 +384,9 @@ class EtcdAnswer:
 _UNAVAILABLE = 14
 _DEADLINE = 4
 _UNAUTHENTICATED = 16
-_NOT_APPLIED = ("no leader", "not capable", "too many requests", "stopped")
+# Refused before anything was proposed to Raft ("stopped" is not one of them: a member may
+# stop after proposing).
+_NOT_APPLIED = ("no leader", "not capable", "too many requests")
 
 
 def judge_error(
@@ -390,7 +397,7 @@ def judge_error(
     A write whose outcome is unknown (leader changed, request timed out) is not sent again:
     it raises a transient error, as a lost connection during a PostgreSQL commit does."""
     body = body or {}
-    code = int(body.get("code", 0) or 0)
+    code = int(body.get("code") or body.get("grpc_code") or 0)
     message = str(body.get("message") or body.get("error") or f"HTTP {status}")
     text = f"{operation}: etcd answered {message!r} (HTTP {status})"
     if code == _UNAUTHENTICATED and "token" in message:

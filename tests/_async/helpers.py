@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -14,6 +15,7 @@ from psycopg_pool import AsyncConnectionPool
 
 from tests._acompat import asleep, aspawn_all
 from worklease import (
+    AsyncEtcdBackend,
     AsyncLease,
     AsyncMemoryBackend,
     AsyncPostgresBackend,
@@ -214,6 +216,12 @@ async def settle_listener(backend: object) -> None:
     Once listening it wakes every watch once (a release may have gone unseen before); a test
     that times an idle wait starts after that, so the wake-up cannot cut its wait short.
     """
+    if isinstance(backend, AsyncEtcdBackend):
+        with backend.watch_releases(["worklease-test-settle"]) or contextlib.nullcontext():
+            deadline = monotonic() + 10.0
+            while not backend.watching and monotonic() < deadline:
+                await asleep(0.01)
+        return
     if not isinstance(backend, AsyncPostgresBackend):
         return
     watch = backend.watch_releases(["worklease-test-settle"])

@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from worklease import AsyncEtcdBackend, BackendError, ExitMode
+from worklease._acompat import asleep
 
 pytestmark = pytest.mark.etcd
 
@@ -58,3 +59,42 @@ async def test_a_checkpoint_beyond_the_request_limit_is_refused_and_writes_nothi
     assert not caught.value.transient
     assert (await backend.read_checkpoint(token)).state == b"small"
     await backend.renew(token, 60.0)  # the lease is untouched
+
+
+async def test_checkpoints_grouped_past_the_request_limit_are_cut_by_size(
+    backend: AsyncEtcdBackend,
+) -> None:
+    tokens = [await backend.acquire(f"big-{i}", "h", 60.0) for i in range(3)]
+    states = [(token, bytes([65 + i]) * 900_000) for i, token in enumerate(tokens)]
+    assert await backend.checkpoint_many(states, 60.0) == [None, None, None]
+    for token, state in states:
+        assert (await backend.read_checkpoint(token)).state == state
+
+
+async def test_a_renewal_counts_as_an_update_for_sweep(backend: AsyncEtcdBackend) -> None:
+    token = await backend.acquire("renewed", "h", 60.0)
+    await backend.checkpoint(token, b"keep me", 60.0)
+    (before,) = [row["updated_at"] for row in await backend.rows()]
+    await asleep(1.2)
+    await backend.renew(token, 60.0)
+    (after,) = [row["updated_at"] for row in await backend.rows()]
+    assert (after - before).total_seconds() >= 1.0
+    await backend.renew(token, -1.0)  # lapses now; the last update is this renewal
+    assert await backend.sweep(1.0, True) == 0  # updated far less than 1 s ago
+    successor = await backend.acquire("renewed", "h2", 60.0)
+    assert (await backend.read_checkpoint(successor)).state == b"keep me"
+
+
+async def test_an_application_under_a_longer_prefix_is_not_this_ones(etcd_cluster: Any) -> None:
+    root = f"apps-{uuid.uuid4().hex}/"
+    async with (
+        AsyncEtcdBackend(etcd_cluster.endpoints, prefix=root) as outer,
+        AsyncEtcdBackend(etcd_cluster.endpoints, prefix=root + "sub/") as inner,
+    ):
+        token = await inner.acquire("job", "h", 60.0)
+        await inner.release(token, ExitMode.RETIRED)
+        assert await outer.rows() == []
+        assert await outer.sweep(0.0, True) == 0
+        assert (await outer.survey([], "")).members == {}
+        assert [row["work_id"] for row in await inner.rows()] == ["job"]
+        assert await inner.sweep(0.0, False) == 1

@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -19,6 +20,7 @@ from tests._acompat import sleep, spawn_all
 from worklease import (
     BackendError,
     Checkpoint,
+    EtcdBackend,
     ExitMode,
     Lease,
     MemoryBackend,
@@ -215,6 +217,12 @@ def settle_listener(backend: object) -> None:
     Once listening it wakes every watch once (a release may have gone unseen before); a test
     that times an idle wait starts after that, so the wake-up cannot cut its wait short.
     """
+    if isinstance(backend, EtcdBackend):
+        with backend.watch_releases(["worklease-test-settle"]) or contextlib.nullcontext():
+            deadline = monotonic() + 10.0
+            while not backend.watching and monotonic() < deadline:
+                sleep(0.01)
+        return
     if not isinstance(backend, PostgresBackend):
         return
     watch = backend.watch_releases(["worklease-test-settle"])

@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from worklease import BackendError, EtcdBackend, ExitMode
+from worklease._acompat import sleep
 
 pytestmark = pytest.mark.etcd
 
@@ -59,3 +60,42 @@ def test_a_checkpoint_beyond_the_request_limit_is_refused_and_writes_nothing(
     assert not caught.value.transient
     assert (backend.read_checkpoint(token)).state == b"small"
     backend.renew(token, 60.0)  # the lease is untouched
+
+
+def test_checkpoints_grouped_past_the_request_limit_are_cut_by_size(
+    backend: EtcdBackend,
+) -> None:
+    tokens = [backend.acquire(f"big-{i}", "h", 60.0) for i in range(3)]
+    states = [(token, bytes([65 + i]) * 900_000) for i, token in enumerate(tokens)]
+    assert backend.checkpoint_many(states, 60.0) == [None, None, None]
+    for token, state in states:
+        assert (backend.read_checkpoint(token)).state == state
+
+
+def test_a_renewal_counts_as_an_update_for_sweep(backend: EtcdBackend) -> None:
+    token = backend.acquire("renewed", "h", 60.0)
+    backend.checkpoint(token, b"keep me", 60.0)
+    (before,) = [row["updated_at"] for row in backend.rows()]
+    sleep(1.2)
+    backend.renew(token, 60.0)
+    (after,) = [row["updated_at"] for row in backend.rows()]
+    assert (after - before).total_seconds() >= 1.0
+    backend.renew(token, -1.0)  # lapses now; the last update is this renewal
+    assert backend.sweep(1.0, True) == 0  # updated far less than 1 s ago
+    successor = backend.acquire("renewed", "h2", 60.0)
+    assert (backend.read_checkpoint(successor)).state == b"keep me"
+
+
+def test_an_application_under_a_longer_prefix_is_not_this_ones(etcd_cluster: Any) -> None:
+    root = f"apps-{uuid.uuid4().hex}/"
+    with (
+        EtcdBackend(etcd_cluster.endpoints, prefix=root) as outer,
+        EtcdBackend(etcd_cluster.endpoints, prefix=root + "sub/") as inner,
+    ):
+        token = inner.acquire("job", "h", 60.0)
+        inner.release(token, ExitMode.RETIRED)
+        assert outer.rows() == []
+        assert outer.sweep(0.0, True) == 0
+        assert (outer.survey([], "")).members == {}
+        assert [row["work_id"] for row in inner.rows()] == ["job"]
+        assert inner.sweep(0.0, False) == 1

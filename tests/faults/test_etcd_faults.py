@@ -320,7 +320,7 @@ def test_a_paused_client_writes_nothing_after_a_takeover(
             # etcd's history of the checkpoint key: after the successor's grant, only the
             # successor wrote it.
             grant_revision = token.fencing_token // 1000
-            key = prefix.encode() + work_id.encode() + b"\x00c"
+            key = prefix.encode() + b"\x00" + work_id.encode() + b"\x00c"
             history = key_history(cluster.endpoints[0], key)
             after = [value for revision, value in history if revision > grant_revision]
             zombie_writes_after += sum(

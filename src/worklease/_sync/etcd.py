@@ -24,6 +24,7 @@ from .._acompat import Event, Worker, cancel_worker, join_all, spawn
 from .._etcd import (
     ACQUIRE_COMPARES,
     ACQUIRE_OPS,
+    MAX_TXN_BYTES,
     MAX_TXN_OPS,
     Record,
     WorkKeys,
@@ -82,7 +83,7 @@ _RACES = 8
 """Rounds a guarded write is planned again after the work ID changed under it (another
 client's acquire or sweep in between); the answer then says what happened."""
 
-_WATCH_TICK = 1.0
+_WATCH_TICK = 5.0
 """How long the release watch waits for news before it reconnects (a thread notices a stop
 at that pace; the watch resumes from the last revision it saw, so nothing is missed)."""
 
@@ -138,7 +139,9 @@ class EtcdBackend:
     ) -> None:
         self._endpoints = check_endpoints(endpoints)
         self._prefix_text = prefix
-        self._prefix = check_prefix(prefix)
+        # The prefix, then NUL: another application under "prefix/sub/" is never read as
+        # work IDs of this one (a work ID and a prefix never contain NUL).
+        self._prefix = check_prefix(prefix) + b"\x00"
         try:
             self._timeout = positive_seconds(timeout, "timeout")
         except (TypeError, ValueError) as exc:
@@ -170,6 +173,7 @@ class EtcdBackend:
         self._hub = ReleaseHub()
         self._watch_stop = Event()
         self._watcher: Worker | None = None
+        self._watch_up = False
         self._closed = False
 
     @property
@@ -179,6 +183,12 @@ class EtcdBackend:
     @property
     def prefix(self) -> str:
         return self._prefix_text
+
+    @property
+    def watching(self) -> bool:
+        """Whether the release watch has been set up in etcd (releases are reported from
+        then on; it wakes every waiter once when it starts)."""
+        return self._watch_up
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {','.join(self._endpoints)} prefix={self._prefix_text!r}>"
@@ -304,23 +314,23 @@ class EtcdBackend:
         return int(response.json()["ID"])
 
     def _keepalive(self, leases: Sequence[int], operation: str) -> dict[int, int]:
-        """Refresh etcd leases in one request: lease -> its TTL (0: it is gone)."""
+        """Refresh etcd leases in one request: lease -> its TTL (0: it is gone). Refreshing
+        is safe to repeat, so an error reported inside the stream moves on to the next
+        member like a refused connection does."""
         if not leases:
             return {}
         content = "\n".join(json.dumps({"ID": str(lease)}) for lease in leases)
-        response = self._post("/v3/lease/keepalive", operation, idempotent=True, content=content)
-        alive: dict[int, int] = dict.fromkeys(leases, 0)
-        for line in response.text.splitlines():
-            if not line.strip():
-                continue
-            message = json.loads(line)
-            if "error" in message:
-                error = message["error"]
-                answer = judge_error(503, error, operation, idempotent=True)
-                raise answer.error
-            result = message.get("result", {})
-            alive[int(result.get("ID", 0))] = int(result.get("TTL", 0))
-        return alive
+        error: BackendError | None = None
+        for _ in self._endpoints:
+            response = self._post(
+                "/v3/lease/keepalive", operation, idempotent=True, content=content
+            )
+            alive, error = _keepalive_answers(response.text, leases, operation)
+            if error is None:
+                return alive
+            self._preferred = (self._preferred + 1) % len(self._endpoints)
+        assert error is not None
+        raise error
 
     def _commit(self, plans: Sequence[_Plan], operation: str) -> dict[int, Record | None]:
         """Send the plans (as few transactions as etcd's limits allow): plan index -> None
@@ -431,19 +441,21 @@ class EtcdBackend:
                 break
             # One transaction per chunk; a grant's slot is its place in its transaction.
             for part in chunks(free, max(ACQUIRE_OPS, ACQUIRE_COMPARES)):
-                plans: list[_Plan] = []
-                for slot, work_id in enumerate(part):
-                    if seconds > 0 and work_id not in leases:
-                        started = wall_clock()
-                        leases[work_id] = (self._grant(seconds, "acquire_many"), started)
-                    lease = leases[work_id][0] if seconds > 0 else 0
-                    record = seen[work_id]
-                    writes = acquire_writes(
-                        keys[work_id], record, holder_id, lease, wall_clock(), slot
+                try:
+                    revision, plans = self._acquire_chunk(
+                        part, keys, seen, leases, holder_id, seconds
                     )
-                    compares = acquire_compares(keys[work_id], record)
-                    plans.append(_Plan(slot, keys[work_id], None, compares, writes, lease))
-                revision = self._commit_acquires(plans, seen, "acquire_many")
+                except BackendError:
+                    if not grants:
+                        raise
+                    # Earlier chunks were granted: hand those over rather than strand them
+                    # (this chunk's work IDs are left out, as if somebody held them).
+                    logger.warning(
+                        "worklease: acquire_many granted %d work ID(s), then failed",
+                        len(grants),
+                        exc_info=True,
+                    )
+                    return [grants[work_id] for work_id in ids if work_id in grants]
                 if revision is None:
                     continue  # ``seen`` now shows what changed: plan again
                 for plan in plans:
@@ -456,6 +468,30 @@ class EtcdBackend:
                     prev_exit, prev_holder = record.successor_prev()
                     grants[work_id] = (token, Checkpoint(record.checkpoint, prev_exit, prev_holder))
         return [grants[work_id] for work_id in ids if work_id in grants]
+
+    def _acquire_chunk(
+        self,
+        part: Sequence[str],
+        keys: dict[str, WorkKeys],
+        seen: dict[str, Record],
+        leases: dict[str, tuple[int, float]],
+        holder_id: str,
+        seconds: float,
+    ) -> tuple[int | None, list[_Plan]]:
+        """One transaction of acquires (a grant's slot is its place in it): its revision, or
+        ``None`` when refused (``seen`` then shows what changed)."""
+        plans: list[_Plan] = []
+        for slot, work_id in enumerate(part):
+            if seconds > 0 and work_id not in leases:
+                started = wall_clock()
+                leases[work_id] = (self._grant(seconds, "acquire_many"), started)
+            lease = leases[work_id][0] if seconds > 0 else 0
+            record = seen[work_id]
+            writes = acquire_writes(keys[work_id], record, holder_id, lease, wall_clock(), slot)
+            compares = acquire_compares(keys[work_id], record)
+            plans.append(_Plan(slot, keys[work_id], None, compares, writes, lease))
+        revision = self._commit_acquires(plans, seen, "acquire_many")
+        return revision, plans
 
     def _commit_acquires(
         self, plans: Sequence[_Plan], seen: dict[str, Record], operation: str
@@ -656,75 +692,86 @@ class EtcdBackend:
         outcomes: list[LeaseLostError | None] = [None] * len(tokens)
         if not tokens:
             return outcomes
+        # A grant made here: refresh its etcd lease, then stamp the work ID while the hold
+        # is still attached to that lease and the token is still the grant (a refreshed etcd
+        # lease alone proves nothing once the hold was deleted). Anything else: read first.
         cached = {i: self._cached(token, ttl) for i, token in enumerate(tokens) if ttl > 0}
         alive = self._keepalive([lease for lease in cached.values() if lease], "renew")
-        # Then read what holds each work ID: a refreshed etcd lease counts only while the
-        # work ID's hold key is still attached to it and the token is still the grant.
-        seen = self._read_many([self._keys(token.work_id) for token in tokens], "renew")
-        regrant: dict[int, Record] = {}
-        later: list[int] = []
-        for i, token in enumerate(tokens):
-            record = seen[token.work_id]
-            lost = record.lost(token, "renew")
-            if lost is not None:
-                outcomes[i] = lost
-            elif not record.held:
-                outcomes[i] = lease_expired(token, "renew", "the lease expired or was released")
-            elif ttl <= 0 or not (
-                cached.get(i) and record.hold_lease == cached[i] and alive.get(cached[i], 0) > 0
-            ):
-                later.append(i)
-                regrant[i] = record
-        if not later:
-            return outcomes
-        # Held under an etcd lease this instance did not grant, or with another TTL.
-        if ttl > 0:
-            refreshed = self._keepalive([regrant[i].hold_lease for i in later], "renew")
-        else:
-            refreshed = {}
-        plans: list[_Plan] = []
-        for i in later:
-            token, record = tokens[i], regrant[i]
-            keys = self._keys(token.work_id)
-            granted = refreshed.get(record.hold_lease, 0)
-            if ttl > 0 and granted == lease_seconds(ttl):
-                self._remember(token, record.hold_lease, ttl)
-                continue
-            if ttl > 0 and granted == 0:
-                outcomes[i] = lease_expired(token, "renew", "the lease expired or was released")
-                continue
-            guard = [*same_token(keys, token), attached_to(keys.key(b"h"), record.hold_lease)]
-            if ttl <= 0:
-                plans.append(
-                    _Plan(
-                        i, keys, token, guard, [delete(keys.key(b"h")), stamp(keys, wall_clock())]
-                    )
-                )
-            else:
-                lease = self._grant(ttl, "renew")
-                plans.append(
-                    _Plan(
-                        i,
-                        keys,
-                        token,
-                        guard,
-                        [hold(keys, token, lease), stamp(keys, wall_clock())],
-                        lease,
-                    )
-                )
-        if plans:
+        known = {i: lease for i, lease in cached.items() if lease and alive.get(lease, 0) > 0}
+        unknown = [i for i in range(len(tokens)) if i not in known]
+        pending: dict[int, Record | None] = dict.fromkeys(known)
+        if unknown:
+            seen = self._read_many([self._keys(tokens[i].work_id) for i in unknown], "renew")
+            for i in unknown:
+                pending[i] = seen[tokens[i].work_id]
+        for _ in range(_RACES):
+            plans = self._renew_plans(tokens, ttl, pending, known, outcomes)
+            if not plans:
+                return outcomes
             done = self._commit(plans, "renew")
+            pending = {}
             for plan in plans:
                 result = done[plan.index]
                 assert plan.token is not None
                 if result is None:
                     self._remember(plan.token, plan.lease, ttl)
                     continue
-                lost = result.lost(plan.token, "renew")
-                outcomes[plan.index] = lost or lease_expired(
-                    plan.token, "renew", "the lease expired or was released"
-                )
-        return outcomes
+                known.pop(plan.index, None)
+                pending[plan.index] = result  # planned again from what was read back
+            if not pending:
+                return outcomes
+        raise _contended(tokens[next(iter(pending))], "renew")
+
+    def _renew_plans(
+        self,
+        tokens: Sequence[Token],
+        ttl: float,
+        pending: dict[int, Record | None],
+        known: dict[int, int],
+        outcomes: list[LeaseLostError | None],
+    ) -> list[_Plan]:
+        """The guarded writes of one renewal round; settles ``outcomes`` of lost leases."""
+        plans: list[_Plan] = []
+        regrant: list[int] = []
+        for i, record in pending.items():
+            token = tokens[i]
+            keys = self._keys(token.work_id)
+            if record is None:  # refreshed just now
+                guard = [*same_token(keys, token), attached_to(keys.key(b"h"), known[i])]
+                plans.append(_Plan(i, keys, token, guard, [stamp(keys, wall_clock())], known[i]))
+                continue
+            lost = record.lost(token, "renew")
+            if lost is None and not record.held:
+                lost = lease_expired(token, "renew", "the lease expired or was released")
+            if lost is not None:
+                outcomes[i] = lost
+                continue
+            if ttl <= 0:
+                guard = [*same_token(keys, token), attached_to(keys.key(b"h"), record.hold_lease)]
+                writes = [delete(keys.key(b"h")), stamp(keys, wall_clock())]
+                plans.append(_Plan(i, keys, token, guard, writes))
+                continue
+            regrant.append(i)
+        if not regrant:
+            return plans
+        # Held under an etcd lease this instance did not grant (or with another TTL): refresh
+        # it when its TTL is the one asked for, else move the hold to a fresh one.
+        leases = {i: record.hold_lease for i in regrant if (record := pending[i]) is not None}
+        refreshed = self._keepalive(list(leases.values()), "renew")
+        for i in regrant:
+            token, lease = tokens[i], leases[i]
+            keys = self._keys(token.work_id)
+            guard = [*same_token(keys, token), attached_to(keys.key(b"h"), lease)]
+            granted = refreshed.get(lease, 0)
+            if granted == 0:
+                outcomes[i] = lease_expired(token, "renew", "the lease expired or was released")
+            elif granted == lease_seconds(ttl):
+                plans.append(_Plan(i, keys, token, guard, [stamp(keys, wall_clock())], lease))
+            else:
+                fresh = self._grant(ttl, "renew")
+                writes = [hold(keys, token, fresh), stamp(keys, wall_clock())]
+                plans.append(_Plan(i, keys, token, guard, writes, fresh))
+        return plans
 
     def release(self, token: Token, mode: ExitMode) -> None:
         declared = check_exit_mode(mode)
@@ -985,6 +1032,7 @@ class EtcdBackend:
                 # Watching from now on: a release between a watch's registration and this
                 # moment went unseen, so every waiter looks again.
                 after = revision
+                self._watch_up = True
                 self._hub.wake_all()
         for event in result.get("events", ()):
             key = unb64(event.get("kv", {}).get("key"))
@@ -1006,7 +1054,7 @@ class EtcdBackend:
         watcher = self._watcher
         if watcher is not None:
             cancel_worker(watcher)
-            join_all([watcher], timeout=_WATCH_TICK * 3)
+            join_all([watcher], timeout=1.0)
         self._hub.wake_all()
         self._client.close()
 
@@ -1022,28 +1070,53 @@ class EtcdBackend:
         self.close()
 
 
+def _keepalive_answers(
+    text: str, leases: Sequence[int], operation: str
+) -> tuple[dict[int, int], BackendError | None]:
+    alive: dict[int, int] = dict.fromkeys(leases, 0)
+    for line in text.splitlines():
+        if not line.strip():
+            continue
+        message = json.loads(line)
+        if "error" in message:
+            return alive, judge_error(503, message["error"], operation, idempotent=True).error
+        result = message.get("result", {})
+        alive[int(result.get("ID", 0))] = int(result.get("TTL", 0))
+    return alive, None
+
+
 class _Compacted(Exception):
     """The watch's start revision was compacted away: watch from now, everyone looks again."""
 
 
 def _cut(plans: Sequence[_Plan]) -> list[Sequence[_Plan]]:
-    """Plans in groups whose compare and write lists fit one transaction."""
+    """Plans in groups that fit one transaction: its compare and write lists, and the bytes
+    it carries (etcd refuses a request over ``--max-request-bytes``; a plan too large for
+    any request goes alone, and etcd's refusal is its own)."""
     groups: list[Sequence[_Plan]] = []
     current: list[_Plan] = []
-    compares = writes = 0
+    compares = writes = size = 0
     for plan in plans:
-        c, w = len(plan.compares), len(plan.writes)
+        c, w, b = len(plan.compares), len(plan.writes), _plan_bytes(plan)
         if current and (
-            compares + c > MAX_TXN_OPS or writes + w > MAX_TXN_OPS or len(current) >= MAX_TXN_OPS
+            compares + c > MAX_TXN_OPS
+            or writes + w > MAX_TXN_OPS
+            or len(current) >= MAX_TXN_OPS
+            or size + b > MAX_TXN_BYTES
         ):
             groups.append(current)
-            current, compares, writes = [], 0, 0
+            current, compares, writes, size = [], 0, 0, 0
         current.append(plan)
         compares += c
         writes += w
+        size += b
     if current:
         groups.append(current)
     return groups
+
+
+def _plan_bytes(plan: _Plan) -> int:
+    return sum(len(op.get("request_put", {}).get("value", "")) for op in plan.writes) + 256
 
 
 def _sweep_txn(prefix: bytes, part: Sequence[Record]) -> dict[str, Any]:
