@@ -19,6 +19,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -49,6 +50,42 @@ def _free_ports(count: int) -> list[int]:
             s.close()
 
 
+@dataclass(frozen=True)
+class TLSFiles:
+    """A throwaway CA, a server certificate for 127.0.0.1 and a client certificate."""
+
+    ca: Path
+    server_cert: Path
+    server_key: Path
+    client_cert: Path
+    client_key: Path
+
+
+def make_tls(directory: Path) -> TLSFiles:
+    """Certificates made with the openssl command line (valid for a day)."""
+    directory.mkdir(parents=True, exist_ok=True)
+
+    def openssl(*args: str) -> None:
+        subprocess.run(["openssl", *args], check=True, capture_output=True, cwd=directory)
+
+    openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj",
+            "/CN=worklease-test-ca", "-keyout", "ca.key", "-out", "ca.pem")  # fmt: skip
+    (directory / "san.cnf").write_text("subjectAltName=IP:127.0.0.1,DNS:localhost\n")
+    for name, subject in (("server", "/CN=127.0.0.1"), ("client", "/CN=worklease-app")):
+        openssl("req", "-newkey", "rsa:2048", "-nodes", "-subj", subject,
+                "-keyout", f"{name}.key", "-out", f"{name}.csr")  # fmt: skip
+        openssl("x509", "-req", "-in", f"{name}.csr", "-CA", "ca.pem", "-CAkey", "ca.key",
+                "-CAcreateserial", "-days", "1", "-extfile", "san.cnf",
+                "-out", f"{name}.pem")  # fmt: skip
+    return TLSFiles(
+        directory / "ca.pem",
+        directory / "server.pem",
+        directory / "server.key",
+        directory / "client.pem",
+        directory / "client.key",
+    )
+
+
 @dataclass
 class Member:
     name: str
@@ -58,10 +95,11 @@ class Member:
     log: Path
     process: subprocess.Popen[bytes] | None = None
     paused: bool = False
+    scheme: str = "http"
 
     @property
     def client_url(self) -> str:
-        return f"http://127.0.0.1:{self.client_port}"
+        return f"{self.scheme}://127.0.0.1:{self.client_port}"
 
     @property
     def peer_url(self) -> str:
@@ -76,6 +114,18 @@ class EtcdCluster:
     heartbeat_ms: int
     election_ms: int
     token: str = field(default="")
+    tls: TLSFiles | None = None
+    extra_args: tuple[str, ...] = ()
+
+    def http(self) -> httpx.Client:
+        """A client that reaches the members (with the test CA and client certificate)."""
+        if self.tls is None:
+            return httpx.Client(timeout=2.0)
+        import ssl
+
+        context = ssl.create_default_context(cafile=str(self.tls.ca))
+        context.load_cert_chain(str(self.tls.client_cert), str(self.tls.client_key))
+        return httpx.Client(timeout=2.0, verify=context)
 
     @property
     def endpoints(self) -> list[str]:
@@ -99,7 +149,15 @@ class EtcdCluster:
             "--heartbeat-interval", str(self.heartbeat_ms),
             "--election-timeout", str(self.election_ms),
             "--log-level", "warn",
+            *self.extra_args,
         ]  # fmt: skip
+        if self.tls is not None:
+            args += [
+                "--cert-file", str(self.tls.server_cert),
+                "--key-file", str(self.tls.server_key),
+                "--trusted-ca-file", str(self.tls.ca),
+                "--client-cert-auth",
+            ]  # fmt: skip
         log = member.log.open("ab")
         member.process = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT)
         log.close()
@@ -121,8 +179,8 @@ class EtcdCluster:
             for member in list(waiting):
                 if member.process is not None and member.process.poll() is not None:
                     raise Unavailable(f"etcd member {member.name} exited: {self.tail(member)}")
-                with contextlib.suppress(httpx.HTTPError, ValueError):
-                    answer = httpx.get(member.client_url + "/health", timeout=1.0).json()
+                with contextlib.suppress(httpx.HTTPError, ValueError), self.http() as client:
+                    answer = client.get(member.client_url + "/health").json()
                     if answer.get("health") == "true":
                         waiting.remove(member)
             if waiting and time.monotonic() > deadline:
@@ -199,8 +257,17 @@ class EtcdCluster:
         shutil.rmtree(self.root, ignore_errors=True)
 
 
-def start_cluster(size: int = 3, *, heartbeat_ms: int = 50, election_ms: int = 500) -> EtcdCluster:
-    """A running cluster of ``size`` members with a leader; stop it with ``stop()``."""
+def start_cluster(
+    size: int = 3,
+    *,
+    heartbeat_ms: int = 50,
+    election_ms: int = 500,
+    tls: TLSFiles | None = None,
+    extra_args: tuple[str, ...] = (),
+) -> EtcdCluster:
+    """A running cluster of ``size`` members with a leader; stop it with ``stop()``.
+    ``tls``: serve clients over HTTPS and require a client certificate; ``extra_args``: more
+    etcd flags (``--auth-token-ttl``, say)."""
     binary = find_etcd()
     if binary is None:
         raise Unavailable(
@@ -218,10 +285,13 @@ def start_cluster(size: int = 3, *, heartbeat_ms: int = 50, election_ms: int = 5
                 ports[2 * i + 1],
                 root / f"m{i}",
                 root / f"m{i}.log",
+                scheme="https" if tls is not None else "http",
             )
             for i in range(size)
         ]
-        cluster = EtcdCluster(binary, root, members, heartbeat_ms, election_ms, root.name)
+        cluster = EtcdCluster(
+            binary, root, members, heartbeat_ms, election_ms, root.name, tls, extra_args
+        )
         try:
             cluster.start()
         except Unavailable as exc:  # a port taken meanwhile, most likely: new ports
@@ -233,7 +303,7 @@ def start_cluster(size: int = 3, *, heartbeat_ms: int = 50, election_ms: int = 5
 
 
 @contextlib.contextmanager
-def cluster(size: int = 3, **kwargs: int) -> Iterator[EtcdCluster]:
+def cluster(size: int = 3, **kwargs: Any) -> Iterator[EtcdCluster]:
     started = start_cluster(size, **kwargs)
     try:
         yield started

@@ -241,12 +241,18 @@ class EtcdBackend:
                     response = self._client.post(endpoint + path, content=content, headers=headers)
                 else:
                     response = self._client.post(endpoint + path, json=body, headers=headers)
+            except ssl.SSLError as exc:  # raised bare by some transports
+                raise _tls_failed(operation, endpoint, exc) from exc
             except (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout) as exc:
+                if (tls := _tls_cause(exc)) is not None:
+                    raise _tls_failed(operation, endpoint, tls) from exc
                 last = exc  # never delivered: the next member may take it
                 self._preferred = (index + 1) % count
                 attempt += 1
                 continue
             except httpx.TransportError as exc:
+                if (tls := _tls_cause(exc)) is not None:
+                    raise _tls_failed(operation, endpoint, tls) from exc
                 self._preferred = (index + 1) % count
                 if idempotent:
                     last = exc
@@ -1140,6 +1146,25 @@ def _expiry(started: float, ttl: float) -> datetime:
     if ttl <= 0:
         return now + min(timedelta(seconds=ttl), -timedelta(microseconds=1))
     return now + timedelta(seconds=ttl)
+
+
+def _tls_cause(exc: BaseException) -> ssl.SSLError | None:
+    """The TLS error behind a transport error, if that is what it was."""
+    seen = exc.__cause__ or exc.__context__
+    while seen is not None:
+        if isinstance(seen, ssl.SSLError):
+            return seen
+        seen = seen.__cause__ or seen.__context__
+    return None
+
+
+def _tls_failed(operation: str, endpoint: str, exc: BaseException) -> BackendError:
+    """A TLS handshake that failed: a setting to fix, not a member to skip."""
+    return BackendError(
+        f"{operation}: TLS with etcd at {endpoint} failed ({first_line(exc)}); check "
+        "ca_file, cert_file and key_file (or ssl_context)",
+        transient=False,
+    )
 
 
 def _contended(token: Token, operation: str) -> BackendError:
