@@ -457,3 +457,16 @@ def test_status_and_sweep_read_etcd(etcd_cluster: Any) -> None:
         refused = run("status", *target, "--by-holder")
         assert refused.returncode == 1
         assert "PostgreSQL only" in refused.stderr
+
+
+def test_etcd_and_dsn_flags_do_not_mix() -> None:
+    both = run("status", "--etcd", "http://127.0.0.1:1", "--dsn", "dbname=x")
+    assert both.returncode == 1
+    assert both.stderr.strip() == "worklease status: give --etcd or --dsn, not both"
+    alone = run("sweep", "--etcd-prefix", "app/", "--retention", "1d")
+    assert alone.returncode == 1
+    assert alone.stderr.strip() == "worklease sweep: --etcd-prefix needs --etcd"
+    unreachable = run("status", "--etcd", "http://127.0.0.1:1")
+    assert unreachable.returncode == 1
+    assert len(unreachable.stderr.strip().splitlines()) == 1
+    assert "no etcd member answered" in unreachable.stderr

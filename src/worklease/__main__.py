@@ -204,7 +204,7 @@ ETCD_HELP = (
 def _etcd_backend(args: argparse.Namespace) -> Any:
     from ._sync.etcd import EtcdBackend  # httpx: the etcd extra
 
-    return EtcdBackend(args.etcd, prefix=args.etcd_prefix, timeout=5.0)
+    return EtcdBackend(args.etcd, prefix=args.etcd_prefix or "worklease/", timeout=5.0)
 
 
 def _print_table(table: Sequence[Sequence[str]], numeric: set[int]) -> None:
@@ -274,7 +274,7 @@ def _etcd_status(args: argparse.Namespace, pattern: str | None) -> None:
                 str(row["exit_mode"] or "-"),
                 prev,
                 f"in {format_duration(float(left))}" if left is not None else "-",
-                f"{row['checkpoint_bytes']} B" if row["checkpoint_bytes"] else "-",
+                "-" if row["checkpoint_bytes"] is None else f"{row['checkpoint_bytes']} B",
                 _iso(row["updated_at"], "seconds") or "-",
             )
         )
@@ -460,7 +460,7 @@ def _parser() -> argparse.ArgumentParser:
     status.add_argument("--schema", metavar="NAME", help="the schema holding the tables")
     status.add_argument("--etcd", metavar="ENDPOINTS", help=ETCD_HELP)
     status.add_argument(
-        "--etcd-prefix", metavar="PREFIX", default="worklease/", help="etcd key prefix"
+        "--etcd-prefix", metavar="PREFIX", default=None, help="etcd key prefix (worklease/)"
     )
     status.add_argument(
         "--work-id", metavar="GLOB", help="only work IDs matching this glob (*, ?, [abc], [!a])"
@@ -498,7 +498,7 @@ def _parser() -> argparse.ArgumentParser:
     sweep.add_argument("--schema", metavar="NAME", help="the schema holding the tables")
     sweep.add_argument("--etcd", metavar="ENDPOINTS", help=ETCD_HELP)
     sweep.add_argument(
-        "--etcd-prefix", metavar="PREFIX", default="worklease/", help="etcd key prefix"
+        "--etcd-prefix", metavar="PREFIX", default=None, help="etcd key prefix (worklease/)"
     )
     sweep.add_argument("--retention", required=True, metavar="DURATION", help="e.g. 7d, 12h, 1h30m")
     sweep.add_argument(
@@ -539,12 +539,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if getattr(args, "schema", None) is not None:
             check_schema_name(args.schema)
+        if getattr(args, "etcd", None) and args.dsn:
+            raise CommandError("give --etcd or --dsn, not both")
+        if getattr(args, "etcd_prefix", None) is not None and not args.etcd:
+            raise CommandError("--etcd-prefix needs --etcd")
         if hasattr(args, "dsn") and not getattr(args, "etcd", None):
             args.dsn = resolve_dsn(args.dsn)
         args.handler(args)
     except _Quiet:
         return 1
-    except (CommandError, WorkleaseError, ValueError) as exc:
+    except (CommandError, WorkleaseError, ValueError, ImportError) as exc:
         message = str(exc).removeprefix(f"{args.command}: ")
         print(f"worklease {args.command}: {message}", file=sys.stderr)
         return 1

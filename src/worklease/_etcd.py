@@ -104,6 +104,8 @@ def check_endpoints(endpoints: object) -> tuple[str, ...]:
         raise ConfigError(
             "endpoints must be a URL, a comma-separated list of URLs or a sequence of URLs"
         )
+    if isinstance(endpoints, bytes | bytearray):
+        raise ConfigError("endpoints must be str URLs, not bytes")
     urls: list[str] = []
     for item in items:
         if not isinstance(item, str) or not item:
@@ -112,6 +114,12 @@ def check_endpoints(endpoints: object) -> tuple[str, ...]:
         parts = urlsplit(url)
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise ConfigError(f"etcd endpoint {item!r} is not an http:// or https:// URL")
+        try:
+            port = parts.port
+        except ValueError:
+            raise ConfigError(f"etcd endpoint {item!r} has a bad port") from None
+        if port is None:  # no default of 2379: an HTTP URL would mean port 80
+            raise ConfigError(f"etcd endpoint {item!r} needs a port (etcd's is usually 2379)")
         if parts.path not in ("", "/") or parts.query or parts.fragment:
             raise ConfigError(f"etcd endpoint {item!r} must be scheme://host:port only")
         url = f"{parts.scheme}://{parts.netloc}"

@@ -447,3 +447,17 @@ def test_every_parsed_record_comes_from_its_own_range(work_ids: Sequence[str]) -
         found = records(PREFIX, mine)
         assert set(found) == {work_id}
         assert found[work_id] == records(PREFIX, kvs)[work_id]
+
+
+@pytest.mark.parametrize(
+    ("given", "message"),
+    [
+        ("127.0.0.1", "needs a port"),
+        ("http://etcd-0", "needs a port"),
+        ("http://etcd-0:99999", "bad port"),
+        (b"http://127.0.0.1:2379", "not bytes"),
+    ],
+)
+def test_check_endpoints_needs_a_port_and_text(given: object, message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        check_endpoints(given)

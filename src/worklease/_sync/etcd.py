@@ -18,7 +18,13 @@ from datetime import UTC, datetime, timedelta
 from types import TracebackType
 from typing import Any
 
-import httpx
+try:
+    import httpx
+except ImportError as exc:  # pragma: no cover - depends on the installation
+    raise ImportError(
+        "the etcd backend needs httpx: install worklease's etcd extra "
+        "(pip install 'worklease[etcd]')"
+    ) from exc
 
 from .._acompat import Event, Worker, cancel_worker, join_all, spawn
 from .._etcd import (
@@ -153,13 +159,14 @@ class EtcdBackend:
             raise ConfigError("give ssl_context or ca_file/cert_file/key_file, not both")
         if (cert_file is None) != (key_file is None):
             raise ConfigError("give both cert_file and key_file, or neither")
+        tls_given = ssl_context is not None or bool(ca_file or cert_file)
+        if tls_given and not any(url.startswith("https://") for url in self._endpoints):
+            raise ConfigError("TLS options were given but no endpoint is https://")
         verify: ssl.SSLContext | bool = True
         if ssl_context is not None:
             verify = ssl_context
         elif ca_file or cert_file:
-            verify = ssl.create_default_context(cafile=ca_file)
-            if cert_file is not None and key_file is not None:
-                verify.load_cert_chain(cert_file, key_file)
+            verify = _tls_context(ca_file, cert_file, key_file)
         self._client = httpx.Client(
             verify=verify,
             timeout=self._timeout,
@@ -916,11 +923,11 @@ class EtcdBackend:
         """Every work ID under the prefix, as a plain dict per work ID (for tools and the
         CLI): holder, token, held, checkpoint size, exit fields, the held etcd lease's TTL
         left in seconds, and the last write's time."""
-        self._open("rows")
+        self._open("status")
         start = self._prefix
         response = self._post(
             "/v3/kv/range",
-            "rows",
+            "status",
             idempotent=True,
             body={"key": b64(start), "range_end": b64(prefix_end(start))},
         )
@@ -932,7 +939,7 @@ class EtcdBackend:
             if record.held and record.hold_lease:
                 live = self._post(
                     "/v3/lease/timetolive",
-                    "rows",
+                    "status",
                     idempotent=True,
                     body={"ID": str(record.hold_lease)},
                 )
@@ -944,7 +951,7 @@ class EtcdBackend:
                     "fencing_token": record.token,
                     "held": record.held,
                     "ttl_left": left,
-                    "checkpoint_bytes": len(record.checkpoint or b""),
+                    "checkpoint_bytes": len(record.checkpoint) if record.checkpoint else None,
                     "exit_mode": record.exit_mode,
                     "prev_exit": record.prev_exit,
                     "prev_holder_id": record.prev_holder_id,
@@ -1146,6 +1153,25 @@ def _expiry(started: float, ttl: float) -> datetime:
     if ttl <= 0:
         return now + min(timedelta(seconds=ttl), -timedelta(microseconds=1))
     return now + timedelta(seconds=ttl)
+
+
+def _tls_context(
+    ca_file: str | None, cert_file: str | None, key_file: str | None
+) -> ssl.SSLContext:
+    """The client's TLS settings from files; a file that cannot be used is a ``ConfigError``
+    naming it (before any I/O)."""
+    try:
+        context = ssl.create_default_context(cafile=ca_file)
+    except (OSError, ssl.SSLError) as exc:
+        raise ConfigError(f"ca_file {ca_file!r} cannot be used: {exc}") from None
+    if cert_file is not None and key_file is not None:
+        try:
+            context.load_cert_chain(cert_file, key_file)
+        except (OSError, ssl.SSLError) as exc:
+            raise ConfigError(
+                f"cert_file {cert_file!r} / key_file {key_file!r} cannot be used: {exc}"
+            ) from None
+    return context
 
 
 def _tls_cause(exc: BaseException) -> ssl.SSLError | None:
