@@ -172,3 +172,31 @@ async def test_listen_dsn_is_checked_before_any_io(postgres_dsn: str) -> None:
     with pytest.raises(ConfigError, match="not a valid conninfo"):
         AsyncPostgresBackend.connect(postgres_dsn, listen_dsn="nonsense without equals")
     assert pool.closed  # nothing was opened
+
+
+async def test_unlisten_reaches_the_listening_session_past_the_one_released_last(
+    postgres_dsn: str, pgbouncer_dsn: str
+) -> None:
+    """The LISTEN landed on one pooled server session; PgBouncer then keeps handing this
+    client the session released last (another one): the listener still takes it back."""
+    from psycopg import AsyncConnection
+
+    from worklease._async.listener import AsyncReleaseListener, _run_reporting_pid
+    from worklease._async.watch import AsyncReleaseHub
+    from worklease._pg import RELEASE_CHANNEL
+
+    listen = pg.sql.SQL("LISTEN {}").format(pg.sql.Identifier(RELEASE_CHANNEL))
+    async with (
+        await AsyncConnection.connect(pgbouncer_dsn, autocommit=True, **BOUNCED) as client,
+        await AsyncConnection.connect(pgbouncer_dsn, **BOUNCED) as busy,
+        AsyncConnectionPool(
+            pgbouncer_dsn, kwargs=BOUNCED, min_size=0, max_size=1, open=False
+        ) as app,
+    ):
+        await busy.execute("SELECT 1")  # holds a session in an open transaction
+        listening_at = await _run_reporting_pid(client, listen)  # lands on another one
+        await busy.rollback()  # released last: the client's next statements go there
+        assert pg.pooled_listeners(pgbouncer_dsn, postgres_dsn) == 1
+        listener = AsyncReleaseListener(app, AsyncReleaseHub())
+        await listener._unlisten(client, listening_at)
+        assert pg.pooled_listeners(pgbouncer_dsn, postgres_dsn) == 0

@@ -173,3 +173,29 @@ def test_listen_dsn_is_checked_before_any_io(postgres_dsn: str) -> None:
     with pytest.raises(ConfigError, match="not a valid conninfo"):
         PostgresBackend.connect(postgres_dsn, listen_dsn="nonsense without equals")
     assert pool.closed  # nothing was opened
+
+
+def test_unlisten_reaches_the_listening_session_past_the_one_released_last(
+    postgres_dsn: str, pgbouncer_dsn: str
+) -> None:
+    """The LISTEN landed on one pooled server session; PgBouncer then keeps handing this
+    client the session released last (another one): the listener still takes it back."""
+    from psycopg import Connection
+
+    from worklease._pg import RELEASE_CHANNEL
+    from worklease._sync.listener import ReleaseListener, _run_reporting_pid
+    from worklease._sync.watch import ReleaseHub
+
+    listen = pg.sql.SQL("LISTEN {}").format(pg.sql.Identifier(RELEASE_CHANNEL))
+    with (
+        Connection.connect(pgbouncer_dsn, autocommit=True, **BOUNCED) as client,
+        Connection.connect(pgbouncer_dsn, **BOUNCED) as busy,
+        ConnectionPool(pgbouncer_dsn, kwargs=BOUNCED, min_size=0, max_size=1, open=False) as app,
+    ):
+        busy.execute("SELECT 1")  # holds a session in an open transaction
+        listening_at = _run_reporting_pid(client, listen)  # lands on another one
+        busy.rollback()  # released last: the client's next statements go there
+        assert pg.pooled_listeners(pgbouncer_dsn, postgres_dsn) == 1
+        listener = ReleaseListener(app, ReleaseHub())
+        listener._unlisten(client, listening_at)
+        assert pg.pooled_listeners(pgbouncer_dsn, postgres_dsn) == 0

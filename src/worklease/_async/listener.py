@@ -15,7 +15,7 @@ from typing import Any
 import psycopg
 from psycopg import AsyncClientCursor, AsyncConnection, sql
 from psycopg.rows import tuple_row
-from psycopg_pool import AsyncConnectionPool
+from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
 from .._acompat import ACancelGuard, AEvent, AWorker, acancel_worker, ajoin_all, aspawn
 from .._failures import first_line
@@ -236,15 +236,40 @@ class AsyncReleaseListener:
         return False
 
     async def _unlisten(self, conn: AsyncConnection[Any], listening_at: int) -> None:
-        """Take the LISTEN back from the server session that took it (behind a pooler this
-        client may reach another one first: try a few times)."""
-        for _ in range(_UNLISTEN_ATTEMPTS):
-            try:
-                if await _run_reporting_pid(conn, _UNLISTEN) == listening_at:
+        """Take the LISTEN back from the server session that took it. Behind a pooler this
+        client may reach another session, and again the same one (PgBouncer hands out the
+        session released last): each miss keeps the session it reached busy in an open
+        transaction of a connection of its own, so the next try reaches another."""
+        pins: AsyncConnectionPool[Any] = AsyncConnectionPool(
+            self._probe_pool.conninfo,
+            kwargs=self._probe_pool.kwargs,
+            connection_class=self._probe_pool.connection_class,
+            min_size=0,
+            max_size=_UNLISTEN_ATTEMPTS,
+            open=False,
+            check=None,
+            name="worklease-listener-unlisten",
+        )
+        held: list[AsyncConnection[Any]] = []
+        try:
+            for _ in range(_UNLISTEN_ATTEMPTS):
+                try:
+                    if await _run_reporting_pid(conn, _UNLISTEN) == listening_at:
+                        return
+                    if pins.closed:
+                        await pins.open()
+                    pin = await pins.getconn(timeout=self.probe_timeout)
+                    held.append(pin)
+                    if pin.autocommit:
+                        await pin.set_autocommit(False)
+                    await pin.execute("SELECT 1")  # takes a session and keeps it: no commit
+                except (psycopg.Error, PoolTimeout) as exc:
+                    logger.debug("worklease: UNLISTEN failed: %s", _describe(exc))
                     return
-            except psycopg.Error as exc:
-                logger.debug("worklease: UNLISTEN failed: %s", _describe(exc))
-                return
+        finally:
+            for pin in held:
+                await pins.putconn(pin)  # rolled back: the session goes back to the pooler
+            await pins.close(timeout=1.0)
         logger.info(
             "worklease: could not reach the server session holding the listener's LISTEN; "
             "it ends with that session"

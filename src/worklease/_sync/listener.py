@@ -18,7 +18,7 @@ from typing import Any
 import psycopg
 from psycopg import ClientCursor, Connection, sql
 from psycopg.rows import tuple_row
-from psycopg_pool import ConnectionPool
+from psycopg_pool import ConnectionPool, PoolTimeout
 
 from .._acompat import CancelGuard, Event, Worker, cancel_worker, join_all, spawn
 from .._failures import first_line
@@ -239,15 +239,40 @@ class ReleaseListener:
         return False
 
     def _unlisten(self, conn: Connection[Any], listening_at: int) -> None:
-        """Take the LISTEN back from the server session that took it (behind a pooler this
-        client may reach another one first: try a few times)."""
-        for _ in range(_UNLISTEN_ATTEMPTS):
-            try:
-                if _run_reporting_pid(conn, _UNLISTEN) == listening_at:
+        """Take the LISTEN back from the server session that took it. Behind a pooler this
+        client may reach another session, and again the same one (PgBouncer hands out the
+        session released last): each miss keeps the session it reached busy in an open
+        transaction of a connection of its own, so the next try reaches another."""
+        pins: ConnectionPool[Any] = ConnectionPool(
+            self._probe_pool.conninfo,
+            kwargs=self._probe_pool.kwargs,
+            connection_class=self._probe_pool.connection_class,
+            min_size=0,
+            max_size=_UNLISTEN_ATTEMPTS,
+            open=False,
+            check=None,
+            name="worklease-listener-unlisten",
+        )
+        held: list[Connection[Any]] = []
+        try:
+            for _ in range(_UNLISTEN_ATTEMPTS):
+                try:
+                    if _run_reporting_pid(conn, _UNLISTEN) == listening_at:
+                        return
+                    if pins.closed:
+                        pins.open()
+                    pin = pins.getconn(timeout=self.probe_timeout)
+                    held.append(pin)
+                    if pin.autocommit:
+                        pin.set_autocommit(False)
+                    pin.execute("SELECT 1")  # takes a session and keeps it: no commit
+                except (psycopg.Error, PoolTimeout) as exc:
+                    logger.debug("worklease: UNLISTEN failed: %s", _describe(exc))
                     return
-            except psycopg.Error as exc:
-                logger.debug("worklease: UNLISTEN failed: %s", _describe(exc))
-                return
+        finally:
+            for pin in held:
+                pins.putconn(pin)  # rolled back: the session goes back to the pooler
+            pins.close(timeout=1.0)
         logger.info(
             "worklease: could not reach the server session holding the listener's LISTEN; "
             "it ends with that session"
