@@ -29,13 +29,15 @@ from __future__ import annotations
 import base64
 import json
 import math
+import ssl
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 from typing import Any
 from urllib.parse import urlsplit
 
-from ._failures import fenced, lease_expired
+from ._failures import fenced, first_line, lease_expired
 from ._models import Checkpoint, ExitMode, Token
 from .errors import BackendError, ConfigError, LeaseLostError
 
@@ -414,3 +416,208 @@ def judge_error(
         applied_maybe = not any(reason in message for reason in _NOT_APPLIED)
         return EtcdAnswer(BackendError(text, transient=True), idempotent or not applied_maybe)
     return EtcdAnswer(BackendError(text, transient=False), False)
+
+
+RACES = 8
+"""Rounds a guarded write is planned again after the work ID changed under it (another
+client's acquire or sweep in between); the answer then says what happened."""
+
+
+@dataclass(slots=True)
+class Plan:
+    """One work ID's part of a guarded transaction."""
+
+    index: int
+    keys: WorkKeys
+    token: Token | None
+    compares: list[dict[str, Any]]
+    writes: list[dict[str, Any]]
+    lease: int = 0  # the etcd lease the write attaches (or expects)
+
+
+# -- the guarded writes of each operation ----------------------------------------------------
+# Each builds one work ID's part of a transaction (``Plan``); the backend refreshes or grants
+# the etcd leases they name before sending them.
+
+
+def checkpoint_held(
+    index: int, keys: WorkKeys, token: Token, state: bytes | None, now: float, lease: int
+) -> Plan:
+    """A checkpoint while ``lease`` (just refreshed) still holds the work ID."""
+    guard = [*same_token(keys, token), absent(keys.key(b"x")), attached_to(keys.key(b"h"), lease)]
+    return Plan(index, keys, token, guard, checkpoint_writes(keys, state, now), lease)
+
+
+def checkpoint_from(
+    index: int,
+    keys: WorkKeys,
+    token: Token,
+    state: bytes | None,
+    now: float,
+    seen: Record,
+    fresh: int,
+) -> Plan:
+    """A checkpoint planned from the record ``seen`` (neither fenced nor released): with
+    ``fresh`` (a new etcd lease) it revives a lapsed lease or moves the hold onto it;
+    without, it writes the state and lets the lease lapse (a non-positive TTL)."""
+    guard = [*same_token(keys, token), absent(keys.key(b"x"))]
+    writes = checkpoint_writes(keys, state, now)
+    if not fresh:
+        return Plan(index, keys, token, guard, [*writes, delete(keys.key(b"h"))])
+    hold_guard = (
+        attached_to(keys.key(b"h"), seen.hold_lease) if seen.held else absent(keys.key(b"h"))
+    )
+    return Plan(
+        index, keys, token, [*guard, hold_guard], [*writes, hold(keys, token, fresh)], fresh
+    )
+
+
+def renew_held(index: int, keys: WorkKeys, token: Token, now: float, lease: int) -> Plan:
+    """A renewal's stamp while ``lease`` (just refreshed) still holds the work ID."""
+    guard = [*same_token(keys, token), attached_to(keys.key(b"h"), lease)]
+    return Plan(index, keys, token, guard, [stamp(keys, now)], lease)
+
+
+def renew_moved(
+    index: int, keys: WorkKeys, token: Token, now: float, held_by: int, fresh: int
+) -> Plan:
+    """A renewal that moves the hold from ``held_by`` onto ``fresh`` (another TTL), or ends
+    it now (``fresh`` 0: a non-positive TTL)."""
+    guard = [*same_token(keys, token), attached_to(keys.key(b"h"), held_by)]
+    if not fresh:
+        return Plan(index, keys, token, guard, [delete(keys.key(b"h")), stamp(keys, now)])
+    return Plan(index, keys, token, guard, [hold(keys, token, fresh), stamp(keys, now)], fresh)
+
+
+def release_plan(index: int, keys: WorkKeys, token: Token, mode: ExitMode, now: float) -> Plan:
+    """A release: the grant still holds the work ID; records the exit, ends the hold."""
+    guard = [*same_token(keys, token), present(keys.key(b"h"))]
+    writes = [
+        put(keys.key(b"x"), mode.value.encode("ascii")),
+        delete(keys.key(b"h")),
+        stamp(keys, now),
+    ]
+    return Plan(index, keys, token, guard, writes)
+
+
+def still_held_by(plan: Plan, seen: Record) -> bool:
+    """Whether a refused plan's own guard held (another work ID of its transaction was the
+    refused one): the grant is current, unreleased and still on the plan's etcd lease."""
+    assert plan.token is not None
+    return bool(
+        plan.lease
+        and seen.owned_by(plan.token)
+        and seen.exit_mode is None
+        and seen.hold_lease == plan.lease
+    )
+
+
+def keepalive_answers(
+    text: str, leases: Sequence[int], operation: str
+) -> tuple[dict[int, int], BackendError | None]:
+    alive: dict[int, int] = dict.fromkeys(leases, 0)
+    for line in text.splitlines():
+        if not line.strip():
+            continue
+        message = json.loads(line)
+        if "error" in message:
+            return alive, judge_error(503, message["error"], operation, idempotent=True).error
+        result = message.get("result", {})
+        alive[int(result.get("ID", 0))] = int(result.get("TTL", 0))
+    return alive, None
+
+
+def cut(plans: Sequence[Plan]) -> list[Sequence[Plan]]:
+    """Plans in groups that fit one transaction: its compare and write lists, and the bytes
+    it carries (etcd refuses a request over ``--max-request-bytes``; a plan too large for
+    any request goes alone, and etcd's refusal is its own)."""
+    groups: list[Sequence[Plan]] = []
+    current: list[Plan] = []
+    compares = writes = size = 0
+    for plan in plans:
+        c, w, b = len(plan.compares), len(plan.writes), plan_bytes(plan)
+        if current and (
+            compares + c > MAX_TXN_OPS
+            or writes + w > MAX_TXN_OPS
+            or len(current) >= MAX_TXN_OPS
+            or size + b > MAX_TXN_BYTES
+        ):
+            groups.append(current)
+            current, compares, writes, size = [], 0, 0, 0
+        current.append(plan)
+        compares += c
+        writes += w
+        size += b
+    if current:
+        groups.append(current)
+    return groups
+
+
+def plan_bytes(plan: Plan) -> int:
+    return sum(len(op.get("request_put", {}).get("value", "")) for op in plan.writes) + 256
+
+
+def sweep_txn(prefix: bytes, part: Sequence[Record]) -> dict[str, Any]:
+    compares: list[dict[str, Any]] = []
+    deletes: list[dict[str, Any]] = []
+    for record in part:
+        keys = WorkKeys.of(prefix, record.work_id)
+        compares += [
+            absent(keys.key(b"h")),
+            revision_is(keys.key(b"t"), record.token_revision),
+            revision_is(keys.key(b"u"), record.updated_revision),
+        ]
+        deletes.append(delete(keys.base, keys.end))
+    return txn(compares, deletes, [])
+
+
+def expiry(started: float, ttl: float) -> datetime:
+    """The expiry a holder may count on: from before the request, so never later than
+    etcd's (whose lease starts when the grant arrives and lasts at least ``ttl``)."""
+    now = datetime.fromtimestamp(started, UTC)
+    if ttl <= 0:
+        return now + min(timedelta(seconds=ttl), -timedelta(microseconds=1))
+    return now + timedelta(seconds=ttl)
+
+
+def tls_context(ca_file: str | None, cert_file: str | None, key_file: str | None) -> ssl.SSLContext:
+    """The client's TLS settings from files; a file that cannot be used is a ``ConfigError``
+    naming it (before any I/O)."""
+    try:
+        context = ssl.create_default_context(cafile=ca_file)
+    except (OSError, ssl.SSLError) as exc:
+        raise ConfigError(f"ca_file {ca_file!r} cannot be used: {exc}") from None
+    if cert_file is not None and key_file is not None:
+        try:
+            context.load_cert_chain(cert_file, key_file)
+        except (OSError, ssl.SSLError) as exc:
+            raise ConfigError(
+                f"cert_file {cert_file!r} / key_file {key_file!r} cannot be used: {exc}"
+            ) from None
+    return context
+
+
+def tls_cause(exc: BaseException) -> ssl.SSLError | None:
+    """The TLS error behind a transport error, if that is what it was."""
+    seen = exc.__cause__ or exc.__context__
+    while seen is not None:
+        if isinstance(seen, ssl.SSLError):
+            return seen
+        seen = seen.__cause__ or seen.__context__
+    return None
+
+
+def tls_failed(operation: str, endpoint: str, exc: BaseException) -> BackendError:
+    """A TLS handshake that failed: a setting to fix, not a member to skip."""
+    return BackendError(
+        f"{operation}: TLS with etcd at {endpoint} failed ({first_line(exc)}); check "
+        "ca_file, cert_file and key_file (or ssl_context)",
+        transient=False,
+    )
+
+
+def contended(token: Token, operation: str) -> BackendError:
+    return BackendError(
+        f"{operation}: work ID {token.work_id!r} kept changing under {RACES} attempts",
+        transient=True,
+    )

@@ -179,16 +179,18 @@ async def test_unlisten_reaches_the_listening_session_past_the_one_released_last
 ) -> None:
     """The LISTEN landed on one pooled server session; PgBouncer then keeps handing this
     client the session released last (another one): the listener still takes it back."""
-    from psycopg import AsyncConnection
+    from psycopg import AsyncConnection, sql
 
     from worklease._async.listener import AsyncReleaseListener, _run_reporting_pid
     from worklease._async.watch import AsyncReleaseHub
     from worklease._pg import RELEASE_CHANNEL
 
-    listen = pg.sql.SQL("LISTEN {}").format(pg.sql.Identifier(RELEASE_CHANNEL))
+    listen = sql.SQL("LISTEN {}").format(sql.Identifier(RELEASE_CHANNEL))
     async with (
-        await AsyncConnection.connect(pgbouncer_dsn, autocommit=True, **BOUNCED) as client,
-        await AsyncConnection.connect(pgbouncer_dsn, **BOUNCED) as busy,
+        await AsyncConnection.connect(
+            pgbouncer_dsn, autocommit=True, prepare_threshold=None
+        ) as client,
+        await AsyncConnection.connect(pgbouncer_dsn, prepare_threshold=None) as busy,
         AsyncConnectionPool(
             pgbouncer_dsn, kwargs=BOUNCED, min_size=0, max_size=1, open=False
         ) as app,

@@ -180,16 +180,16 @@ def test_unlisten_reaches_the_listening_session_past_the_one_released_last(
 ) -> None:
     """The LISTEN landed on one pooled server session; PgBouncer then keeps handing this
     client the session released last (another one): the listener still takes it back."""
-    from psycopg import Connection
+    from psycopg import Connection, sql
 
     from worklease._pg import RELEASE_CHANNEL
     from worklease._sync.listener import ReleaseListener, _run_reporting_pid
     from worklease._sync.watch import ReleaseHub
 
-    listen = pg.sql.SQL("LISTEN {}").format(pg.sql.Identifier(RELEASE_CHANNEL))
+    listen = sql.SQL("LISTEN {}").format(sql.Identifier(RELEASE_CHANNEL))
     with (
-        Connection.connect(pgbouncer_dsn, autocommit=True, **BOUNCED) as client,
-        Connection.connect(pgbouncer_dsn, **BOUNCED) as busy,
+        Connection.connect(pgbouncer_dsn, autocommit=True, prepare_threshold=None) as client,
+        Connection.connect(pgbouncer_dsn, prepare_threshold=None) as busy,
         ConnectionPool(pgbouncer_dsn, kwargs=BOUNCED, min_size=0, max_size=1, open=False) as app,
     ):
         busy.execute("SELECT 1")  # holds a session in an open transaction

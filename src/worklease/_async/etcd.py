@@ -10,8 +10,7 @@ import json
 import logging
 import ssl
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from types import TracebackType
 from typing import Any
 
@@ -27,32 +26,38 @@ from .._acompat import AEvent, AWorker, acancel_worker, ajoin_all, aspawn
 from .._etcd import (
     ACQUIRE_COMPARES,
     ACQUIRE_OPS,
-    MAX_TXN_BYTES,
-    MAX_TXN_OPS,
+    RACES,
+    Plan,
     Record,
     WorkKeys,
-    absent,
     acquire_compares,
     acquire_writes,
-    attached_to,
     b64,
     check_endpoints,
     check_prefix,
-    checkpoint_writes,
+    checkpoint_from,
+    checkpoint_held,
     chunks,
+    contended,
+    cut,
     delete,
-    hold,
+    expiry,
     judge_error,
+    keepalive_answers,
     lease_seconds,
     prefix_end,
-    present,
-    put,
     range_kvs,
     record_of,
     records,
-    revision_is,
+    release_plan,
+    renew_held,
+    renew_moved,
     same_token,
-    stamp,
+    still_held_by,
+    sweep_txn,
+    tls_cause,
+    tls_context,
+    tls_failed,
     token_of,
     txn,
     unb64,
@@ -82,25 +87,9 @@ _IS_SYNC = False
 
 logger = logging.getLogger("worklease")
 
-_RACES = 8
-"""Rounds a guarded write is planned again after the work ID changed under it (another
-client's acquire or sweep in between); the answer then says what happened."""
-
 _WATCH_TICK = 5.0
 """How long the release watch waits for news before it reconnects (a thread notices a stop
 at that pace; the watch resumes from the last revision it saw, so nothing is missed)."""
-
-
-@dataclass(slots=True)
-class _Plan:
-    """One work ID's part of a guarded transaction."""
-
-    index: int
-    keys: WorkKeys
-    token: Token | None
-    compares: list[dict[str, Any]]
-    writes: list[dict[str, Any]]
-    lease: int = 0  # the etcd lease the write attaches (or expects)
 
 
 class AsyncEtcdBackend:
@@ -163,7 +152,7 @@ class AsyncEtcdBackend:
         if ssl_context is not None:
             verify = ssl_context
         elif ca_file or cert_file:
-            verify = _tls_context(ca_file, cert_file, key_file)
+            verify = tls_context(ca_file, cert_file, key_file)
         self._client = httpx.AsyncClient(
             verify=verify,
             timeout=self._timeout,
@@ -248,17 +237,17 @@ class AsyncEtcdBackend:
                 else:
                     response = await self._client.post(endpoint + path, json=body, headers=headers)
             except ssl.SSLError as exc:  # raised bare by some transports
-                raise _tls_failed(operation, endpoint, exc) from exc
+                raise tls_failed(operation, endpoint, exc) from exc
             except (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout) as exc:
-                if (tls := _tls_cause(exc)) is not None:
-                    raise _tls_failed(operation, endpoint, tls) from exc
+                if (tls := tls_cause(exc)) is not None:
+                    raise tls_failed(operation, endpoint, tls) from exc
                 last = exc  # never delivered: the next member may take it
                 self._preferred = (index + 1) % count
                 attempt += 1
                 continue
             except httpx.TransportError as exc:
-                if (tls := _tls_cause(exc)) is not None:
-                    raise _tls_failed(operation, endpoint, tls) from exc
+                if (tls := tls_cause(exc)) is not None:
+                    raise tls_failed(operation, endpoint, tls) from exc
                 self._preferred = (index + 1) % count
                 if idempotent:
                     last = exc
@@ -337,19 +326,19 @@ class AsyncEtcdBackend:
             response = await self._post(
                 "/v3/lease/keepalive", operation, idempotent=True, content=content
             )
-            alive, error = _keepalive_answers(response.text, leases, operation)
+            alive, error = keepalive_answers(response.text, leases, operation)
             if error is None:
                 return alive
             self._preferred = (self._preferred + 1) % len(self._endpoints)
         assert error is not None
         raise error
 
-    async def _commit(self, plans: Sequence[_Plan], operation: str) -> dict[int, Record | None]:
+    async def _commit(self, plans: Sequence[Plan], operation: str) -> dict[int, Record | None]:
         """Send the plans (as few transactions as etcd's limits allow): plan index -> None
         when written, else the work ID's record read back (a chunk fails as a whole, so the
         record may show nothing wrong: the caller plans it again)."""
         outcome: dict[int, Record | None] = {}
-        for part in _cut(plans):
+        for part in cut(plans):
             compares = [c for plan in part for c in plan.compares]
             writes = [w for plan in part for w in plan.writes]
             answer = await self._txn(
@@ -410,7 +399,7 @@ class AsyncEtcdBackend:
         seen = await self._read(keys, "acquire")
         lease = 0
         started = wall_clock()
-        for _ in range(_RACES):
+        for _ in range(RACES):
             if seen.held:
                 raise held(work_id, seen.hold_holder, None)
             if seconds > 0 and not lease:
@@ -424,13 +413,13 @@ class AsyncEtcdBackend:
             answer = await self._txn(body, "acquire")
             if answer.get("succeeded"):
                 revision = int(answer["header"]["revision"])
-                token = Token(work_id, holder_id, token_of(revision, 0), _expiry(started, seconds))
+                token = Token(work_id, holder_id, token_of(revision, 0), expiry(started, seconds))
                 self._remember(token, lease, seconds)
                 prev_exit, prev_holder = seen.successor_prev()
                 return token, Checkpoint(seen.checkpoint, prev_exit, prev_holder)
             seen = record_of(self._prefix, work_id, range_kvs(answer.get("responses")))
         raise BackendError(
-            f"acquire: work ID {work_id!r} kept changing under {_RACES} attempts", transient=True
+            f"acquire: work ID {work_id!r} kept changing under {RACES} attempts", transient=True
         )
 
     async def acquire_many(
@@ -447,7 +436,7 @@ class AsyncEtcdBackend:
         seen = await self._read_many(list(keys.values()), "acquire_many")
         leases: dict[str, tuple[int, float]] = {}
         grants: dict[str, tuple[Token, Checkpoint]] = {}
-        for _ in range(_RACES):
+        for _ in range(RACES):
             free = [work_id for work_id in ids if work_id not in grants and not seen[work_id].held]
             if not free:
                 break
@@ -475,7 +464,7 @@ class AsyncEtcdBackend:
                     record = seen[work_id]
                     started = leases[work_id][1] if work_id in leases else wall_clock()
                     fencing = token_of(revision, plan.index)
-                    token = Token(work_id, holder_id, fencing, _expiry(started, seconds))
+                    token = Token(work_id, holder_id, fencing, expiry(started, seconds))
                     self._remember(token, plan.lease, seconds)
                     prev_exit, prev_holder = record.successor_prev()
                     grants[work_id] = (token, Checkpoint(record.checkpoint, prev_exit, prev_holder))
@@ -489,10 +478,10 @@ class AsyncEtcdBackend:
         leases: dict[str, tuple[int, float]],
         holder_id: str,
         seconds: float,
-    ) -> tuple[int | None, list[_Plan]]:
+    ) -> tuple[int | None, list[Plan]]:
         """One transaction of acquires (a grant's slot is its place in it): its revision, or
         ``None`` when refused (``seen`` then shows what changed)."""
-        plans: list[_Plan] = []
+        plans: list[Plan] = []
         for slot, work_id in enumerate(part):
             if seconds > 0 and work_id not in leases:
                 started = wall_clock()
@@ -501,12 +490,12 @@ class AsyncEtcdBackend:
             record = seen[work_id]
             writes = acquire_writes(keys[work_id], record, holder_id, lease, wall_clock(), slot)
             compares = acquire_compares(keys[work_id], record)
-            plans.append(_Plan(slot, keys[work_id], None, compares, writes, lease))
+            plans.append(Plan(slot, keys[work_id], None, compares, writes, lease))
         revision = await self._commit_acquires(plans, seen, "acquire_many")
         return revision, plans
 
     async def _commit_acquires(
-        self, plans: Sequence[_Plan], seen: dict[str, Record], operation: str
+        self, plans: Sequence[Plan], seen: dict[str, Record], operation: str
     ) -> int | None:
         """One transaction of acquires: its revision, or ``None`` when it was refused (then
         ``seen`` holds the records read back)."""
@@ -619,50 +608,21 @@ class AsyncEtcdBackend:
             )
             for i in unknown:
                 pending[i] = seen[items[i][0].work_id]
-        for _ in range(_RACES):
-            plans: list[_Plan] = []
+        for _ in range(RACES):
+            plans: list[Plan] = []
             for i, record in pending.items():
                 token, state = items[i]
                 keys = self._keys(token.work_id)
-                guard = [*same_token(keys, token), absent(keys.key(b"x"))]
-                writes = checkpoint_writes(keys, state, wall_clock())
                 if record is None:  # the refreshed lease holds it
-                    lease = cached[i]
-                    plans.append(
-                        _Plan(
-                            i,
-                            keys,
-                            token,
-                            [*guard, attached_to(keys.key(b"h"), lease)],
-                            writes,
-                            lease,
-                        )
-                    )
+                    plans.append(checkpoint_held(i, keys, token, state, wall_clock(), cached[i]))
                     continue
                 lost = record.lost(token, operation)
                 if lost is not None:
                     outcomes[i] = lost
                     continue
-                if ttl <= 0:
-                    plans.append(_Plan(i, keys, token, guard, [*writes, delete(keys.key(b"h"))]))
-                    continue
                 # Lapsed (revive it) or held under another etcd lease: attach a fresh one.
-                lease = await self._grant(ttl, operation)
-                hold_guard = (
-                    attached_to(keys.key(b"h"), record.hold_lease)
-                    if record.held
-                    else absent(keys.key(b"h"))
-                )
-                plans.append(
-                    _Plan(
-                        i,
-                        keys,
-                        token,
-                        [*guard, hold_guard],
-                        [*writes, hold(keys, token, lease)],
-                        lease,
-                    )
-                )
+                fresh = await self._grant(ttl, operation) if ttl > 0 else 0
+                plans.append(checkpoint_from(i, keys, token, state, wall_clock(), record, fresh))
             if not plans:
                 return outcomes
             done = await self._commit(plans, operation)
@@ -672,21 +632,15 @@ class AsyncEtcdBackend:
                 assert plan.token is not None
                 if result is None:
                     self._remember(plan.token, plan.lease, ttl)
-                elif (
-                    plan.lease
-                    and result.owned_by(plan.token)
-                    and result.exit_mode is None
-                    and result.hold_lease == plan.lease
-                ):
-                    # Its own guard held (another work ID of the batch failed): the etcd
-                    # lease still holds it, so write again the same way.
+                elif still_held_by(plan, result):
+                    # Another work ID of the batch was refused: write again the same way.
                     cached[plan.index] = plan.lease
                     pending[plan.index] = None
                 else:
                     pending[plan.index] = result
             if not pending:
                 return outcomes
-        raise _contended(items[next(iter(pending))][0], operation)
+        raise contended(items[next(iter(pending))][0], operation)
 
     async def renew(self, token: Token, ttl: float) -> None:
         seconds = backend_ttl(ttl)
@@ -718,7 +672,7 @@ class AsyncEtcdBackend:
             seen = await self._read_many([self._keys(tokens[i].work_id) for i in unknown], "renew")
             for i in unknown:
                 pending[i] = seen[tokens[i].work_id]
-        for _ in range(_RACES):
+        for _ in range(RACES):
             plans = await self._renew_plans(tokens, ttl, pending, known, outcomes)
             if not plans:
                 return outcomes
@@ -734,7 +688,7 @@ class AsyncEtcdBackend:
                 pending[plan.index] = result  # planned again from what was read back
             if not pending:
                 return outcomes
-        raise _contended(tokens[next(iter(pending))], "renew")
+        raise contended(tokens[next(iter(pending))], "renew")
 
     async def _renew_plans(
         self,
@@ -743,16 +697,15 @@ class AsyncEtcdBackend:
         pending: dict[int, Record | None],
         known: dict[int, int],
         outcomes: list[LeaseLostError | None],
-    ) -> list[_Plan]:
+    ) -> list[Plan]:
         """The guarded writes of one renewal round; settles ``outcomes`` of lost leases."""
-        plans: list[_Plan] = []
+        plans: list[Plan] = []
         regrant: list[int] = []
         for i, record in pending.items():
             token = tokens[i]
             keys = self._keys(token.work_id)
             if record is None:  # refreshed just now
-                guard = [*same_token(keys, token), attached_to(keys.key(b"h"), known[i])]
-                plans.append(_Plan(i, keys, token, guard, [stamp(keys, wall_clock())], known[i]))
+                plans.append(renew_held(i, keys, token, wall_clock(), known[i]))
                 continue
             lost = record.lost(token, "renew")
             if lost is None and not record.held:
@@ -761,9 +714,7 @@ class AsyncEtcdBackend:
                 outcomes[i] = lost
                 continue
             if ttl <= 0:
-                guard = [*same_token(keys, token), attached_to(keys.key(b"h"), record.hold_lease)]
-                writes = [delete(keys.key(b"h")), stamp(keys, wall_clock())]
-                plans.append(_Plan(i, keys, token, guard, writes))
+                plans.append(renew_moved(i, keys, token, wall_clock(), record.hold_lease, 0))
                 continue
             regrant.append(i)
         if not regrant:
@@ -775,16 +726,14 @@ class AsyncEtcdBackend:
         for i in regrant:
             token, lease = tokens[i], leases[i]
             keys = self._keys(token.work_id)
-            guard = [*same_token(keys, token), attached_to(keys.key(b"h"), lease)]
             granted = refreshed.get(lease, 0)
             if granted == 0:
                 outcomes[i] = lease_expired(token, "renew", "the lease expired or was released")
             elif granted == lease_seconds(ttl):
-                plans.append(_Plan(i, keys, token, guard, [stamp(keys, wall_clock())], lease))
+                plans.append(renew_held(i, keys, token, wall_clock(), lease))
             else:
                 fresh = await self._grant(ttl, "renew")
-                writes = [hold(keys, token, fresh), stamp(keys, wall_clock())]
-                plans.append(_Plan(i, keys, token, guard, writes, fresh))
+                plans.append(renew_moved(i, keys, token, wall_clock(), lease, fresh))
         return plans
 
     async def release(self, token: Token, mode: ExitMode) -> None:
@@ -808,24 +757,11 @@ class AsyncEtcdBackend:
     ) -> list[LeaseLostError | None]:
         outcomes: list[LeaseLostError | None] = [None] * len(tokens)
         pending = list(range(len(tokens)))
-        for _ in range(_RACES):
-            plans = []
-            for i in pending:
-                token = tokens[i]
-                keys = self._keys(token.work_id)
-                plans.append(
-                    _Plan(
-                        i,
-                        keys,
-                        token,
-                        [*same_token(keys, token), present(keys.key(b"h"))],
-                        [
-                            put(keys.key(b"x"), mode.value.encode("ascii")),
-                            delete(keys.key(b"h")),
-                            stamp(keys, wall_clock()),
-                        ],
-                    )
-                )
+        for _ in range(RACES):
+            plans = [
+                release_plan(i, self._keys(tokens[i].work_id), tokens[i], mode, wall_clock())
+                for i in pending
+            ]
             done = await self._commit(plans, "release")
             pending = []
             for plan in plans:
@@ -845,7 +781,7 @@ class AsyncEtcdBackend:
                     pending.append(plan.index)  # refused for another work ID of its batch
             if not pending:
                 return outcomes
-        raise _contended(tokens[pending[0]], "release")
+        raise contended(tokens[pending[0]], "release")
 
     async def forget(self, token: Token) -> None:
         self._open("forget")
@@ -882,12 +818,12 @@ class AsyncEtcdBackend:
         ]
         deleted = 0
         for part in chunks(doomed, 3):
-            answer = await self._txn(_sweep_txn(self._prefix, part), "sweep")
+            answer = await self._txn(sweep_txn(self._prefix, part), "sweep")
             if answer.get("succeeded"):
                 deleted += len(part)
                 continue
             for record in part:  # one changed meanwhile: each on its own
-                single = await self._txn(_sweep_txn(self._prefix, [record]), "sweep")
+                single = await self._txn(sweep_txn(self._prefix, [record]), "sweep")
                 deleted += bool(single.get("succeeded"))
         return deleted
 
@@ -1088,118 +1024,5 @@ class AsyncEtcdBackend:
         await self.close()
 
 
-def _keepalive_answers(
-    text: str, leases: Sequence[int], operation: str
-) -> tuple[dict[int, int], BackendError | None]:
-    alive: dict[int, int] = dict.fromkeys(leases, 0)
-    for line in text.splitlines():
-        if not line.strip():
-            continue
-        message = json.loads(line)
-        if "error" in message:
-            return alive, judge_error(503, message["error"], operation, idempotent=True).error
-        result = message.get("result", {})
-        alive[int(result.get("ID", 0))] = int(result.get("TTL", 0))
-    return alive, None
-
-
 class _Compacted(Exception):
     """The watch's start revision was compacted away: watch from now, everyone looks again."""
-
-
-def _cut(plans: Sequence[_Plan]) -> list[Sequence[_Plan]]:
-    """Plans in groups that fit one transaction: its compare and write lists, and the bytes
-    it carries (etcd refuses a request over ``--max-request-bytes``; a plan too large for
-    any request goes alone, and etcd's refusal is its own)."""
-    groups: list[Sequence[_Plan]] = []
-    current: list[_Plan] = []
-    compares = writes = size = 0
-    for plan in plans:
-        c, w, b = len(plan.compares), len(plan.writes), _plan_bytes(plan)
-        if current and (
-            compares + c > MAX_TXN_OPS
-            or writes + w > MAX_TXN_OPS
-            or len(current) >= MAX_TXN_OPS
-            or size + b > MAX_TXN_BYTES
-        ):
-            groups.append(current)
-            current, compares, writes, size = [], 0, 0, 0
-        current.append(plan)
-        compares += c
-        writes += w
-        size += b
-    if current:
-        groups.append(current)
-    return groups
-
-
-def _plan_bytes(plan: _Plan) -> int:
-    return sum(len(op.get("request_put", {}).get("value", "")) for op in plan.writes) + 256
-
-
-def _sweep_txn(prefix: bytes, part: Sequence[Record]) -> dict[str, Any]:
-    compares: list[dict[str, Any]] = []
-    deletes: list[dict[str, Any]] = []
-    for record in part:
-        keys = WorkKeys.of(prefix, record.work_id)
-        compares += [
-            absent(keys.key(b"h")),
-            revision_is(keys.key(b"t"), record.token_revision),
-            revision_is(keys.key(b"u"), record.updated_revision),
-        ]
-        deletes.append(delete(keys.base, keys.end))
-    return txn(compares, deletes, [])
-
-
-def _expiry(started: float, ttl: float) -> datetime:
-    """The expiry a holder may count on: from before the request, so never later than
-    etcd's (whose lease starts when the grant arrives and lasts at least ``ttl``)."""
-    now = datetime.fromtimestamp(started, UTC)
-    if ttl <= 0:
-        return now + min(timedelta(seconds=ttl), -timedelta(microseconds=1))
-    return now + timedelta(seconds=ttl)
-
-
-def _tls_context(
-    ca_file: str | None, cert_file: str | None, key_file: str | None
-) -> ssl.SSLContext:
-    """The client's TLS settings from files; a file that cannot be used is a ``ConfigError``
-    naming it (before any I/O)."""
-    try:
-        context = ssl.create_default_context(cafile=ca_file)
-    except (OSError, ssl.SSLError) as exc:
-        raise ConfigError(f"ca_file {ca_file!r} cannot be used: {exc}") from None
-    if cert_file is not None and key_file is not None:
-        try:
-            context.load_cert_chain(cert_file, key_file)
-        except (OSError, ssl.SSLError) as exc:
-            raise ConfigError(
-                f"cert_file {cert_file!r} / key_file {key_file!r} cannot be used: {exc}"
-            ) from None
-    return context
-
-
-def _tls_cause(exc: BaseException) -> ssl.SSLError | None:
-    """The TLS error behind a transport error, if that is what it was."""
-    seen = exc.__cause__ or exc.__context__
-    while seen is not None:
-        if isinstance(seen, ssl.SSLError):
-            return seen
-        seen = seen.__cause__ or seen.__context__
-    return None
-
-
-def _tls_failed(operation: str, endpoint: str, exc: BaseException) -> BackendError:
-    """A TLS handshake that failed: a setting to fix, not a member to skip."""
-    return BackendError(
-        f"{operation}: TLS with etcd at {endpoint} failed ({first_line(exc)}); check "
-        "ca_file, cert_file and key_file (or ssl_context)",
-        transient=False,
-    )
-
-
-def _contended(token: Token, operation: str) -> BackendError:
-    return BackendError(
-        f"{operation}: work ID {token.work_id!r} kept changing under {_RACES} attempts",
-        transient=True,
-    )
