@@ -177,9 +177,11 @@ def test_leader_kill_9_loses_no_acknowledged_checkpoint(cluster: etcd.EtcdCluste
     checker = worklease.EtcdBackend(cluster.endpoints, prefix=prefix)
     try:
         final: dict[str, int] = {}
+        checking = Lease(checker, holder_id="checker", ttl=30.0)
         for work_id in work_ids:
-            token = checker.acquire(work_id, "checker", 30.0)
-            final[work_id] = int(checker.read_checkpoint(token).state or b"0")
+            # A release that met an election lapses instead: wait for it (TTL 5 s).
+            token = checking.acquire(work_id, wait=True, timeout=30.0, poll_interval=0.1)
+            final[work_id] = int(checking.read_checkpoint(token).state or b"0")
     finally:
         checker.close()
         backend.close()
