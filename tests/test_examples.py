@@ -11,6 +11,7 @@ import re
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -192,6 +193,15 @@ def test_example_on_postgres(name: str, flavour: str, postgres_dsn: str) -> None
     output = run_example(EXAMPLES / flavour / f"{name}.py", "--dsn", postgres_dsn)
 
     check_story(name, output)
+
+
+@pytest.mark.etcd
+@pytest.mark.parametrize("flavour", FLAVOURS)
+def test_partition_processor_on_etcd(flavour: str, etcd_cluster: Any) -> None:
+    endpoints = ",".join(etcd_cluster.endpoints)
+    output = run_example(EXAMPLES / flavour / "partition_processor.py", "--etcd", endpoints)
+
+    check_story("partition_processor", output)
 
 
 @pytest.mark.postgres

@@ -12,7 +12,8 @@ lives in the checkpoint of its lease. The script runs two pools in one process:
 3. pool-B, a deployment that can read that record, takes partition-4 over: it sees the
    previous exit "abandoned" by pool-A and resumes at offset 100.
 
-By default it runs on the in-memory backend; with --dsn against PostgreSQL.
+By default it runs on the in-memory backend; with --dsn against PostgreSQL, with --etcd
+against an etcd cluster (its members' URLs, comma-separated; needs worklease[etcd]).
 """
 
 from __future__ import annotations
@@ -155,7 +156,7 @@ async def run(backend: worklease.AsyncBackend, suffix: str) -> None:
     await first_pool(backend, ids)
     print("\n== 2. pool-B resumes the partition pool-A gave up")
     await second_pool(backend, ids[4])
-    if suffix:  # tidy up on PostgreSQL: rows outlive their holders
+    if suffix:  # tidy up on PostgreSQL or etcd: rows outlive their holders
         cleaner = worklease.AsyncLease(backend, holder_id="cleaner", ttl=TTL)
         for work_id in ids:
             await cleaner.forget(await cleaner.acquire(work_id))
@@ -164,7 +165,12 @@ async def run(backend: worklease.AsyncBackend, suffix: str) -> None:
 async def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
     parser.add_argument("--dsn", help="run against this PostgreSQL database instead of in memory")
+    parser.add_argument("--etcd", metavar="ENDPOINTS", help="run against this etcd cluster")
     args = parser.parse_args()
+    if args.etcd is not None:
+        async with worklease.AsyncEtcdBackend(args.etcd, prefix="examples/") as etcd:
+            await run(etcd, suffix="-" + secrets.token_hex(4))
+        return
     if args.dsn is None:
         await run(worklease.AsyncMemoryBackend(), suffix="")
         return

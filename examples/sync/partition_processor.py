@@ -15,7 +15,8 @@ lives in the checkpoint of its lease. The script runs two pools in one process:
 3. pool-B, a deployment that can read that record, takes partition-4 over: it sees the
    previous exit "abandoned" by pool-A and resumes at offset 100.
 
-By default it runs on the in-memory backend; with --dsn against PostgreSQL.
+By default it runs on the in-memory backend; with --dsn against PostgreSQL, with --etcd
+against an etcd cluster (its members' URLs, comma-separated; needs worklease[etcd]).
 """
 
 from __future__ import annotations
@@ -157,7 +158,7 @@ def run(backend: worklease.Backend, suffix: str) -> None:
     first_pool(backend, ids)
     print("\n== 2. pool-B resumes the partition pool-A gave up")
     second_pool(backend, ids[4])
-    if suffix:  # tidy up on PostgreSQL: rows outlive their holders
+    if suffix:  # tidy up on PostgreSQL or etcd: rows outlive their holders
         cleaner = worklease.Lease(backend, holder_id="cleaner", ttl=TTL)
         for work_id in ids:
             cleaner.forget(cleaner.acquire(work_id))
@@ -166,7 +167,12 @@ def run(backend: worklease.Backend, suffix: str) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
     parser.add_argument("--dsn", help="run against this PostgreSQL database instead of in memory")
+    parser.add_argument("--etcd", metavar="ENDPOINTS", help="run against this etcd cluster")
     args = parser.parse_args()
+    if args.etcd is not None:
+        with worklease.EtcdBackend(args.etcd, prefix="examples/") as etcd:
+            run(etcd, suffix="-" + secrets.token_hex(4))
+        return
     if args.dsn is None:
         run(worklease.MemoryBackend(), suffix="")
         return
