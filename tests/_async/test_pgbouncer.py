@@ -202,3 +202,40 @@ async def test_unlisten_reaches_the_listening_session_past_the_one_released_last
         listener = AsyncReleaseListener(app, AsyncReleaseHub())
         await listener._unlisten(client, listening_at)
         assert pg.pooled_listeners(pgbouncer_dsn, postgres_dsn) == 0
+
+
+async def test_a_listener_stopped_during_its_probe_takes_the_listen_back(
+    postgres_dsn: str, pgbouncer_dsn: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The route check was fooled (a race it cannot always win), LISTEN ran on a pooled
+    session, and the listener is stopped while its probe waits: the LISTEN is taken back."""
+    from worklease._async.listener import AsyncReleaseListener
+    from worklease._async.watch import AsyncReleaseHub
+
+    probing: list[bool] = []
+
+    async def fooled(self: Any, conn: Any, mine: int) -> bool:
+        return False
+
+    async def slow_probe(self: Any, conn: Any) -> bool:
+        probing.append(True)
+        await asleep(3.0)
+        return False
+
+    monkeypatch.setattr(AsyncReleaseListener, "_shares_server", fooled)
+    monkeypatch.setattr(AsyncReleaseListener, "_probe", slow_probe)
+    async with AsyncConnectionPool(
+        pgbouncer_dsn, kwargs=BOUNCED, min_size=1, max_size=2, open=False
+    ) as app:
+        for _ in range(10):  # the LISTEN runs only while the client kept its session
+            listener = AsyncReleaseListener(app, AsyncReleaseHub())
+            listener.start()
+            deadline = monotonic() + 10.0
+            while not probing and not listener.fell_back and monotonic() < deadline:
+                await asleep(0.01)
+            if probing:
+                await listener.stop()
+                break
+            await listener.stop()
+        assert probing, "the LISTEN never ran on the client's own session"
+    assert pg.pooled_listeners(pgbouncer_dsn, postgres_dsn) == 0

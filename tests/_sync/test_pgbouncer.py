@@ -199,3 +199,38 @@ def test_unlisten_reaches_the_listening_session_past_the_one_released_last(
         listener = ReleaseListener(app, ReleaseHub())
         listener._unlisten(client, listening_at)
         assert pg.pooled_listeners(pgbouncer_dsn, postgres_dsn) == 0
+
+
+def test_a_listener_stopped_during_its_probe_takes_the_listen_back(
+    postgres_dsn: str, pgbouncer_dsn: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The route check was fooled (a race it cannot always win), LISTEN ran on a pooled
+    session, and the listener is stopped while its probe waits: the LISTEN is taken back."""
+    from worklease._sync.listener import ReleaseListener
+    from worklease._sync.watch import ReleaseHub
+
+    probing: list[bool] = []
+
+    def fooled(self: Any, conn: Any, mine: int) -> bool:
+        return False
+
+    def slow_probe(self: Any, conn: Any) -> bool:
+        probing.append(True)
+        sleep(3.0)
+        return False
+
+    monkeypatch.setattr(ReleaseListener, "_shares_server", fooled)
+    monkeypatch.setattr(ReleaseListener, "_probe", slow_probe)
+    with ConnectionPool(pgbouncer_dsn, kwargs=BOUNCED, min_size=1, max_size=2, open=False) as app:
+        for _ in range(10):  # the LISTEN runs only while the client kept its session
+            listener = ReleaseListener(app, ReleaseHub())
+            listener.start()
+            deadline = monotonic() + 10.0
+            while not probing and not listener.fell_back and monotonic() < deadline:
+                sleep(0.01)
+            if probing:
+                listener.stop()
+                break
+            listener.stop()
+        assert probing, "the LISTEN never ran on the client's own session"
+    assert pg.pooled_listeners(pgbouncer_dsn, postgres_dsn) == 0

@@ -199,7 +199,14 @@ class AsyncReleaseListener:
             if listening_at != mine:  # the proxy moved this client: nothing was listened
                 self._fall_back(_SHARED)
                 return False
-            if not await self._probe(conn):
+            try:
+                delivered = await self._probe(conn)
+            except BaseException:
+                # Stopped (cancelled) or failed while the probe was out: the LISTEN is on a
+                # session nobody proved private, so take it back before leaving.
+                await self._unlisten(conn, listening_at)
+                raise
+            if not delivered:
                 await self._unlisten(conn, listening_at)
                 if self._proven:  # it worked before: treat as a connection problem
                     raise TimeoutError("the probe notification did not come back")

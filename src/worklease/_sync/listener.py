@@ -202,7 +202,14 @@ class ReleaseListener:
             if listening_at != mine:  # the proxy moved this client: nothing was listened
                 self._fall_back(_SHARED)
                 return False
-            if not self._probe(conn):
+            try:
+                delivered = self._probe(conn)
+            except BaseException:
+                # Stopped (cancelled) or failed while the probe was out: the LISTEN is on a
+                # session nobody proved private, so take it back before leaving.
+                self._unlisten(conn, listening_at)
+                raise
+            if not delivered:
                 self._unlisten(conn, listening_at)
                 if self._proven:  # it worked before: treat as a connection problem
                     raise TimeoutError("the probe notification did not come back")
