@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sys
 from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
@@ -219,8 +220,6 @@ def _print_table(table: Sequence[Sequence[str]], numeric: set[int]) -> None:
 
 def _etcd_status(args: argparse.Namespace, pattern: str | None) -> None:
     """``status`` on etcd: the same columns; the expiry is the etcd lease's TTL left."""
-    import re
-
     if args.by_holder:
         raise CommandError("--by-holder reads PostgreSQL only; use it without --etcd")
     with _etcd_backend(args) as backend:

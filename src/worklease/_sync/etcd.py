@@ -112,8 +112,9 @@ class EtcdBackend:
     Expiry is etcd's: each grant attaches its work ID's hold key to an etcd lease whose TTL
     is the lease TTL rounded up to whole seconds (etcd counts whole seconds and may raise a
     TTL to its minimum); when it runs out, etcd deletes the key and the work ID is free. No
-    client clock decides expiry. Fencing tokens are etcd revisions: strictly increasing
-    across the whole cluster. The checkpoint is stored as one etcd value, so it is bounded by
+    client clock decides expiry. Fencing tokens come from etcd's revision (revision * 1000 +
+    the grant's place in its transaction): strictly increasing across the whole cluster.
+    The checkpoint is stored as one etcd value, so it is bounded by
     the cluster's ``--max-request-bytes`` (1.5 MiB by default).
     """
 
@@ -334,11 +335,12 @@ class EtcdBackend:
         assert error is not None
         raise error
 
-    def _commit(self, plans: Sequence[Plan], operation: str) -> dict[int, Record | None]:
-        """Send the plans (as few transactions as etcd's limits allow): plan index -> None
-        when written, else the work ID's record read back (a chunk fails as a whole, so the
-        record may show nothing wrong: the caller plans it again)."""
-        outcome: dict[int, Record | None] = {}
+    def _commit(self, plans: Sequence[Plan], operation: str) -> dict[int, int | Record]:
+        """Send the plans (as few transactions as etcd's limits allow): plan index -> the
+        revision of the transaction that wrote it, else the work ID's record read back (a
+        chunk fails as a whole, so the record may show nothing wrong: the caller plans it
+        again)."""
+        outcome: dict[int, int | Record] = {}
         for part in cut(plans):
             compares = [c for plan in part for c in plan.compares]
             writes = [w for plan in part for w in plan.writes]
@@ -346,8 +348,9 @@ class EtcdBackend:
                 txn(compares, writes, [plan.keys.read() for plan in part]), operation
             )
             if answer.get("succeeded"):
+                revision = int(answer["header"]["revision"])
                 for plan in part:
-                    outcome[plan.index] = None
+                    outcome[plan.index] = revision
                 continue
             seen = records(self._prefix, range_kvs(answer.get("responses")))
             for plan in part:
@@ -406,19 +409,16 @@ class EtcdBackend:
             if seconds > 0 and not lease:
                 started = wall_clock()
                 lease = self._grant(seconds, "acquire")
-            body = txn(
-                acquire_compares(keys, seen),
-                acquire_writes(keys, seen, holder_id, lease, wall_clock()),
-                [keys.read()],
-            )
-            answer = self._txn(body, "acquire")
-            if answer.get("succeeded"):
-                revision = int(answer["header"]["revision"])
-                token = Token(work_id, holder_id, token_of(revision, 0), expiry(started, seconds))
-                self._remember(token, lease, seconds)
-                prev_exit, prev_holder = seen.successor_prev()
-                return token, Checkpoint(seen.checkpoint, prev_exit, prev_holder)
-            seen = record_of(self._prefix, work_id, range_kvs(answer.get("responses")))
+            writes = acquire_writes(keys, seen, holder_id, lease, wall_clock())
+            plan = Plan(0, keys, None, acquire_compares(keys, seen), writes, lease)
+            result = (self._commit([plan], "acquire"))[0]
+            if isinstance(result, Record):
+                seen = result
+                continue
+            token = Token(work_id, holder_id, token_of(result, 0), expiry(started, seconds))
+            self._remember(token, lease, seconds)
+            prev_exit, prev_holder = seen.successor_prev()
+            return token, Checkpoint(seen.checkpoint, prev_exit, prev_holder)
         raise BackendError(
             f"acquire: work ID {work_id!r} kept changing under {RACES} attempts", transient=True
         )
@@ -492,28 +492,16 @@ class EtcdBackend:
             writes = acquire_writes(keys[work_id], record, holder_id, lease, wall_clock(), slot)
             compares = acquire_compares(keys[work_id], record)
             plans.append(Plan(slot, keys[work_id], None, compares, writes, lease))
-        revision = self._commit_acquires(plans, seen, "acquire_many")
+        # One chunk fits one transaction (``chunks`` cut it so): one revision, or refused.
+        done = self._commit(plans, "acquire_many")
+        revision = done[0]
+        if isinstance(revision, Record):
+            for plan in plans:
+                result = done[plan.index]
+                assert isinstance(result, Record)
+                seen[plan.keys.work_id] = result
+            return None, plans
         return revision, plans
-
-    def _commit_acquires(
-        self, plans: Sequence[Plan], seen: dict[str, Record], operation: str
-    ) -> int | None:
-        """One transaction of acquires: its revision, or ``None`` when it was refused (then
-        ``seen`` holds the records read back)."""
-        answer = self._txn(
-            txn(
-                [c for plan in plans for c in plan.compares],
-                [w for plan in plans for w in plan.writes],
-                [plan.keys.read() for plan in plans],
-            ),
-            operation,
-        )
-        if answer.get("succeeded"):
-            return int(answer["header"]["revision"])
-        found = records(self._prefix, range_kvs(answer.get("responses")))
-        for plan in plans:
-            seen[plan.keys.work_id] = found.get(plan.keys.work_id) or Record(plan.keys.work_id)
-        return None
 
     def find_available(self, work_ids: Sequence[str]) -> list[str]:
         """The work IDs ``acquire`` would grant now, in input order (optional method)."""
@@ -599,10 +587,9 @@ class EtcdBackend:
         # the one holding the work ID. Anything else reads the record and plans from it.
         cached = {i: self._cached(token, ttl) for i, (token, _) in enumerate(items) if ttl > 0}
         alive = self._keepalive([lease for lease in cached.values() if lease], operation)
-        pending: dict[int, Record | None] = {
-            i: None if alive.get(cached.get(i, 0), 0) > 0 else Record("") for i in range(len(items))
-        }
-        unknown = [i for i, record in pending.items() if record is not None]
+        known = {i: lease for i, lease in cached.items() if lease and alive.get(lease, 0) > 0}
+        unknown = [i for i in range(len(items)) if i not in known]
+        pending: dict[int, Record | None] = dict.fromkeys(known)
         if unknown:
             seen = self._read_many([self._keys(items[i][0].work_id) for i in unknown], operation)
             for i in unknown:
@@ -613,7 +600,7 @@ class EtcdBackend:
                 token, state = items[i]
                 keys = self._keys(token.work_id)
                 if record is None:  # the refreshed lease holds it
-                    plans.append(checkpoint_held(i, keys, token, state, wall_clock(), cached[i]))
+                    plans.append(checkpoint_held(i, keys, token, state, wall_clock(), known[i]))
                     continue
                 lost = record.lost(token, operation)
                 if lost is not None:
@@ -629,11 +616,11 @@ class EtcdBackend:
             for plan in plans:
                 result = done[plan.index]
                 assert plan.token is not None
-                if result is None:
+                if not isinstance(result, Record):
                     self._remember(plan.token, plan.lease, ttl)
                 elif still_held_by(plan, result):
                     # Another work ID of the batch was refused: write again the same way.
-                    cached[plan.index] = plan.lease
+                    known[plan.index] = plan.lease
                     pending[plan.index] = None
                 else:
                     pending[plan.index] = result
@@ -680,7 +667,7 @@ class EtcdBackend:
             for plan in plans:
                 result = done[plan.index]
                 assert plan.token is not None
-                if result is None:
+                if not isinstance(result, Record):
                     self._remember(plan.token, plan.lease, ttl)
                     continue
                 known.pop(plan.index, None)
@@ -762,7 +749,7 @@ class EtcdBackend:
             for plan in plans:
                 result = done[plan.index]
                 assert plan.token is not None
-                if result is None:
+                if not isinstance(result, Record):
                     self._forget_lease(plan.token)
                     continue
                 lost = result.lost(plan.token, "release")
