@@ -5,7 +5,11 @@
 
 A gate holds the first (lone) write in flight until every other caller has queued behind it;
 the next round must then be one batch call carrying all of them, each caller getting its own
-outcome. Runs on every backend kind (memory, PostgreSQL, PgBouncer).
+outcome. Runs on every backend kind (memory, PostgreSQL, PgBouncer, etcd).
+
+The lease lets two rounds be in flight; most tests here pin one (``one_round``) so that a
+single gate decides who queues, and ``test_the_lease_keeps_two_rounds_in_flight`` checks the
+default.
 """
 
 from __future__ import annotations
@@ -27,9 +31,19 @@ from worklease import (
     Token,
 )
 from worklease._acompat import Event
+from worklease._sync import group as group_module
 from worklease._sync.group import GroupCommit
 
 PROMPT = 10.0
+DEFAULT_ROUNDS = group_module._ROUNDS
+
+
+@pytest.fixture(autouse=True)
+def one_round(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Leases made in these tests let one round be in flight (see the module docstring)."""
+    monkeypatch.setattr(group_module, "_ROUNDS", 1)
+
+
 """Upper bound for 'promptly' on a loaded CI box."""
 CALLERS = 8
 
@@ -130,6 +144,56 @@ def _behind_a_gate(gated: Gated, lease: Lease, kind: str, calls: list[Any]) -> l
         return calls[index]()
 
     return (spawn_all(run, len(calls) + 1))[: len(calls)]
+
+
+def test_the_lease_keeps_two_rounds_in_flight(
+    backend: Backend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """By default two callers write alone at once (one round on the wire while the next
+    gathers); the callers arriving while both are out share the next rounds."""
+    monkeypatch.setattr(group_module, "_ROUNDS", DEFAULT_ROUNDS)
+    assert DEFAULT_ROUNDS == 2
+    held: list[str] = []
+    both_held = Event()
+    gate = Event()
+
+    class TwoGates(Gated):
+        def checkpoint(self, token: Token, state: Any, ttl: float) -> None:
+            held.append(token.work_id)
+            if len(held) == 2:
+                both_held.set()
+            if len(held) <= 2:
+                assert gate.wait(PROMPT), "the test never opened the gate"
+            super().checkpoint(token, state, ttl)
+
+    gated = TwoGates(backend)
+    lease = Lease(gated, holder_id="h", ttl=30.0)
+    tokens = [lease.acquire(f"g{i}") for i in range(CALLERS)]
+
+    def run(index: int) -> object:
+        if index < 2:
+            lease.checkpoint(tokens[index], f"state {index}".encode())
+        elif index < CALLERS:
+            assert both_held.wait(PROMPT)
+            lease.checkpoint(tokens[index], f"state {index}".encode())
+        else:  # the opener
+            assert both_held.wait(PROMPT)
+            _until(lambda: len(queued(lease, "checkpoints")) == CALLERS - 2)
+            gate.set()
+        return None
+
+    results = spawn_all(run, CALLERS + 1)
+    assert results == [None] * (CALLERS + 1)
+    assert sorted(held[:2]) == ["g0", "g1"]  # both out at once, neither queued
+    # The six queued behind them go in the next rounds: at most two (one per round ending),
+    # one of them a batch, each work ID written once.
+    later = [call for call in rounds(gated) if call[1] not in ("g0", "g1")]
+    assert 1 <= len(later) <= 2
+    assert any(name == "checkpoint_many" for name, _ in later)
+    written = [w for _, ids in later for w in (ids if isinstance(ids, list) else [ids])]
+    assert sorted(written) == [f"g{i}" for i in range(2, CALLERS)]
+    for i, token in enumerate(tokens):
+        assert (lease.read_checkpoint(token)).state == f"state {i}".encode()
 
 
 def test_a_lone_caller_writes_alone(backend: Backend) -> None:
@@ -337,7 +401,7 @@ def test_a_round_is_bounded_by_the_latest_deadline_among_its_callers() -> None:
         seen.append(seconds_left())
         return [None] * len(keys)
 
-    group: GroupCommit[str] = GroupCommit(one, many, operation="test")
+    group: GroupCommit[str] = GroupCommit(one, many, operation="test", rounds=1)
     now = monotonic()
     deadlines = {"soon": now + 5.0, "later": now + 50.0, "none": None}
 

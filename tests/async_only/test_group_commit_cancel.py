@@ -6,9 +6,19 @@ import asyncio
 from collections.abc import Sequence
 from typing import Any
 
+import pytest
+
 from worklease import AsyncLease, AsyncMemoryBackend, LeaseLostError, Token
+from worklease._async import group as group_module
 
 PROMPT = 10.0
+
+
+@pytest.fixture(autouse=True)
+def one_round(monkeypatch: pytest.MonkeyPatch) -> None:
+    """One round in flight, so the gated lone write decides who queues (the lease's default
+    is two: see tests/_async/test_group_commit.py)."""
+    monkeypatch.setattr(group_module, "_ROUNDS", 1)
 
 
 class GatedMemory(AsyncMemoryBackend):
