@@ -426,3 +426,43 @@ async def test_a_round_is_bounded_by_the_latest_deadline_among_its_callers() -> 
     left = seen[0]
     assert left is not None
     assert 40.0 < left <= 50.0  # the latest deadline, not the soonest, and not none
+
+
+async def test_a_queued_write_whose_deadline_passes_is_never_sent() -> None:
+    """A write still queued behind a stuck round when its deadline passes is dropped (a
+    transient BackendError, nothing sent); the round in flight is not disturbed."""
+    from worklease._window import monotonic
+
+    entered = AEvent()
+    gate = AEvent()
+    sent: list[list[str]] = []
+
+    async def one(key: str) -> None:
+        entered.set_threadsafe()
+        assert await gate.wait_timeout(PROMPT)
+
+    async def many(keys: list[str]) -> list[BaseException | None]:
+        sent.append(keys)
+        return [None] * len(keys)
+
+    group: AsyncGroupCommit[str] = AsyncGroupCommit(one, many, operation="test", rounds=1)
+
+    async def run(index: int) -> object:
+        if index == 0:
+            await group.submit("stuck", "stuck", None)
+            return "stuck written"
+        assert await entered.wait_timeout(PROMPT)
+        if index == 1:
+            started = monotonic()
+            with pytest.raises(BackendError) as caught:
+                await group.submit("late", "late", monotonic() + 0.2)
+            assert caught.value.transient
+            assert "deadline passed" in str(caught.value)
+            assert monotonic() - started < PROMPT
+            assert group._queue == []
+            gate.set_threadsafe()
+        return None
+
+    results = await aspawn_all(run, 2)
+    assert results == ["stuck written", None]
+    assert sent == []

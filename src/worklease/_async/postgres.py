@@ -99,6 +99,10 @@ class AsyncPostgresBackend:
     one. ``listen=False`` never listens.
     """
 
+    # Every call honours the deadline set around it (bounded_by): the pool checkout, the
+    # statement (a cancel request or statement_timeout) and the follow-up read (lease.py).
+    _bounds_its_calls = True
+
     __module__ = "worklease"
 
     def __init__(
@@ -576,6 +580,7 @@ class AsyncPostgresBackend:
             pool=pool,
             timeout=None if within is None else max(within, 0.001),
             bound=within,
+            deadline_bound=within is None,  # within the caller's deadline, if any
         )
         return statements.not_written(rows, token, operation)
 
@@ -592,7 +597,11 @@ class AsyncPostgresBackend:
         params = statements.batch_params(tokens)
         params["mode"] = str(declared)
         rows, _ = await self._run(
-            "release_many", statements.release_many, params, pool=await self._ensure_renewal_pool()
+            "release_many",
+            statements.release_many,
+            params,
+            pool=await self._ensure_renewal_pool(),
+            deadline_bound=True,  # as release: a round is bounded by its callers' deadlines
         )
         return statements.renewed_many(rows, tokens, "release")
 
