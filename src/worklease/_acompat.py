@@ -12,13 +12,10 @@ import asyncio
 import contextvars
 import inspect
 import logging
-import signal
 import threading
 import time
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from typing import Any, TypeVar, cast
-
-from ._deadline import bounded_by
 
 __all__ = [
     "ABATCH_LINGER",
@@ -366,16 +363,8 @@ def _log_late_failure(task: asyncio.Future[Any]) -> None:
         logger.warning("worklease: undoing a late call failed: %r", task.exception())
 
 
-async def acleanup(
-    timeout: float,
-    fn: Callable[..., Coroutine[Any, Any, T]],
-    *args: Any,
-    bounded: bool = False,
-) -> T:
+async def acleanup(timeout: float, fn: Callable[..., Coroutine[Any, Any, T]], *args: Any) -> T:
     """Run final writes ``fn(*args)`` to completion despite cancellation, within ``timeout``.
-
-    ``bounded`` (the backend ends its calls by the deadline set around them) changes nothing
-    here: the timeout cancels the writes; the sync twin uses it to run them inline.
 
     A cancellation that arrives meanwhile is held back until the writes finish (or time
     out) and then re-raised. At the deadline ``TimeoutError`` is raised at once and the writes
@@ -427,22 +416,13 @@ async def acleanup(
     return result
 
 
-def cleanup(timeout: float, fn: Callable[..., T], *args: Any, bounded: bool = False) -> T:
-    """Run final writes ``fn(*args)`` within ``timeout`` seconds, despite a Ctrl-C.
+def cleanup(timeout: float, fn: Callable[..., T], *args: Any) -> T:
+    """Run final writes ``fn(*args)`` in a helper thread, waiting at most ``timeout`` seconds.
 
-    With ``bounded`` (the backend ends its calls by the deadline set around them) the writes
-    run in the calling thread under a deadline ``timeout`` from now; on the main thread a
-    Ctrl-C arriving meanwhile is held back until they end, then raised. Otherwise (or when
-    the application installed a SIGINT handler of its own) they run in a helper thread
-    waited for at most ``timeout``: on timeout ``TimeoutError`` is raised and the writes are
-    left to finish (or fail) on their own; each is a single atomic statement, so nothing is
-    half-written. Helper threads are daemon threads kept for reuse, so the common case starts
-    no thread. Either way a timeout raises ``TimeoutError``.
+    On timeout ``TimeoutError`` is raised and the writes are left to finish (or fail) on
+    their own: each is a single atomic statement, so nothing is half-written. Helper threads
+    are daemon threads kept for reuse, so the common case starts no thread.
     """
-    if bounded:
-        on_main = threading.current_thread() is threading.main_thread()
-        if not on_main or signal.getsignal(signal.SIGINT) is signal.default_int_handler:
-            return _cleanup_inline(timeout, fn, args, hold_interrupts=on_main)
     job = _CleanupJob(fn, args)
     _cleanup_helpers.submit(job)
     if not job.done.wait(timeout):
@@ -450,31 +430,6 @@ def cleanup(timeout: float, fn: Callable[..., T], *args: Any, bounded: bool = Fa
     if job.error is not None:
         raise job.error
     return cast(T, job.result)
-
-
-def _cleanup_inline(
-    timeout: float, fn: Callable[..., T], args: tuple[Any, ...], *, hold_interrupts: bool
-) -> T:
-    """``cleanup`` in the calling thread: the backend bounds the writes by the deadline."""
-    deadline = time.monotonic() + max(timeout, 0.0)
-    interrupts: list[int] = []
-    if hold_interrupts:
-        signal.signal(signal.SIGINT, lambda signum, _frame: interrupts.append(signum))
-    try:
-        with bounded_by(deadline):
-            result = fn(*args)
-    except Exception as exc:
-        if interrupts:  # as with the helper thread, the interrupt takes precedence
-            raise KeyboardInterrupt from exc
-        if time.monotonic() >= deadline:
-            raise TimeoutError(f"cleanup did not finish within {timeout:g}s") from exc
-        raise
-    finally:
-        if hold_interrupts:
-            signal.signal(signal.SIGINT, signal.default_int_handler)
-    if interrupts:
-        raise KeyboardInterrupt
-    return result
 
 
 class _CleanupJob:

@@ -14,9 +14,10 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
-from time import monotonic  # the lease windows' clock (_window.monotonic); imports nothing
 
-__all__ = ["bounded_by", "seconds_left", "sooner"]
+from ._window import monotonic
+
+__all__ = ["bounded_by", "seconds_left"]
 
 _deadline: ContextVar[float | None] = ContextVar("worklease_call_deadline", default=None)
 
@@ -35,12 +36,3 @@ def seconds_left() -> float | None:
     """Seconds until the deadline of the current call (``None``: unbounded; may be <= 0)."""
     deadline = _deadline.get()
     return None if deadline is None else deadline - monotonic()
-
-
-def sooner(deadline: float | None) -> float | None:
-    """The earlier of ``deadline`` and the current call's (``None``: none), so a bound set
-    around a call (the final writes of a hold) is never lifted by a later one inside it."""
-    current = _deadline.get()
-    if current is None:
-        return deadline
-    return current if deadline is None else min(deadline, current)

@@ -21,7 +21,6 @@ from typing import Generic, TypeVar
 from .._acompat import AEvent, ThreadLock, ashielded
 from .._deadline import bounded_by
 from .._types import AsyncWriteMany, AsyncWriteOne
-from .._window import monotonic
 from ..errors import BackendError
 
 __all__ = ["AsyncGroupCommit"]
@@ -87,12 +86,8 @@ class AsyncGroupCommit(Generic[T]):
                 self._queue.append(entry)
         if entry is not None:
             try:
-                if deadline is None:
-                    await entry.done.wait()
-                elif not await entry.done.wait_timeout(max(deadline - monotonic(), 0.0)):
-                    self._drop_if_queued(entry)  # never sent after its deadline
-                    await entry.done.wait()  # taken meanwhile: its round is bounded
-            except BaseException:  # given up on while queued (a cancellation, its deadline)
+                await entry.done.wait()
+            except BaseException:  # given up on while queued (a cancellation)
                 with self._lock:
                     if entry in self._queue:  # not taken yet: it never happens
                         self._queue.remove(entry)
@@ -116,18 +111,6 @@ class AsyncGroupCommit(Generic[T]):
         await ashielded(self._round, [entry, *joining])
         if entry.error is not None:
             raise entry.error
-
-    def _drop_if_queued(self, entry: _Entry[T]) -> None:
-        """A queued write whose deadline passed before a round took it is dropped: it
-        raises a transient ``BackendError``, nothing written."""
-        with self._lock:
-            if entry not in self._queue:
-                return
-            self._queue.remove(entry)
-        raise BackendError(
-            f"{self._operation}: not sent: its deadline passed while it waited for a round",
-            transient=True,
-        )
 
     def _take(self) -> list[_Entry[T]]:
         """The queued writes that join a new leader's round: to work IDs in no round in

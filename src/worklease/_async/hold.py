@@ -39,8 +39,6 @@ class HoldingLease(Protocol):
 
     def _given_up(self, token: Token) -> bool: ...
 
-    def _bounds_its_writes(self) -> bool: ...
-
 
 class AsyncHold:
     """Holds a work ID for the duration of a ``with`` block.
@@ -178,9 +176,6 @@ class AsyncHold:
         if isinstance(exc, FencedError) or self._lease._given_up(token):
             return False  # a zombie records nothing; a lease given up in the block is done
         release = self._release
-        # The lease's own writes, on a backend that bounds its calls, run in the calling
-        # thread (sync: no helper thread per cycle); a pool's batching releaser does not.
-        bounded = release == self._lease.release and self._lease._bounds_its_writes()
         if isinstance(exc, Retire):
             await acleanup(
                 self._cleanup_timeout,
@@ -190,7 +185,6 @@ class AsyncHold:
                 exc.state,
                 ExitMode.RETIRED,
                 release,
-                bounded=bounded,
             )
             return True
         shed = renewal.shed
@@ -199,16 +193,7 @@ class AsyncHold:
         if final is None and self._defer is not None and self._defer(token, mode):
             return shed and (exc is None or isinstance(exc, LeaseShedError))
         try:
-            await acleanup(
-                self._cleanup_timeout,
-                finish,
-                self._lease,
-                token,
-                final,
-                mode,
-                release,
-                bounded=bounded,
-            )
+            await acleanup(self._cleanup_timeout, finish, self._lease, token, final, mode, release)
         except Exception as error:
             if exc is None or isinstance(exc, LeaseShedError):
                 raise

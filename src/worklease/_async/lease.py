@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import timedelta
 
 from .._acompat import abounded, asleep, awithin
-from .._deadline import bounded_by, sooner
+from .._deadline import bounded_by
 from .._fairshare import PoolSurvey
 from .._models import Checkpoint, ExitMode, Token
 from .._options import (
@@ -330,9 +330,8 @@ class AsyncLease:
         seal = self._writable(token)
         # Inside a renewal a thread's write is bounded by the window (server-side on
         # PostgreSQL): a call stuck on a lock or a hung synchronous standby never outlives
-        # the lease (or sooner, inside a hold's final writes). With asyncio the renewal
-        # cancels the block, and the call with it.
-        deadline = sooner(seal.deadline()) if _IS_SYNC else None
+        # the lease. With asyncio the renewal cancels the block, and the call with it.
+        deadline = seal.deadline() if _IS_SYNC else None
         with self._report.checkpoint(token, state_size(state)) as call, bounded_by(deadline):
             group = self._checkpoints
             if group is None:
@@ -407,7 +406,7 @@ class AsyncLease:
         """
         declared = check_exit_mode(mode)
         seal = self._writable(token)
-        deadline = sooner(seal.deadline()) if _IS_SYNC else None  # see checkpoint
+        deadline = seal.deadline() if _IS_SYNC else None  # see checkpoint
         seal.finished()  # the holder gives the lease up: stop renewing it first
         with self._report.release(token, declared), bounded_by(deadline):
             group = self._releases
@@ -583,13 +582,6 @@ class AsyncLease:
             except Exception as exc:
                 outcomes[index] = exc
         return outcomes
-
-    def _bounds_its_writes(self) -> bool:
-        """Whether the backend ends its calls by the deadline set around them
-        (``bounded_by``): checkout, statement and follow-up read. Declared by the backend's
-        own class (``_bounds_its_calls``), not inherited: a subclass may add waits of its own.
-        A hold's final writes then need no helper to bound them."""
-        return bool(vars(type(self._backend)).get("_bounds_its_calls", False))
 
     def _given_up(self, token: Token) -> bool:
         """Whether the holder already released or forgot ``token`` through this lease."""

@@ -24,7 +24,6 @@ from typing import Generic, TypeVar
 from .._acompat import Event, ThreadLock, shielded
 from .._deadline import bounded_by
 from .._types import WriteMany, WriteOne
-from .._window import monotonic
 from ..errors import BackendError
 
 __all__ = ["GroupCommit"]
@@ -90,12 +89,8 @@ class GroupCommit(Generic[T]):
                 self._queue.append(entry)
         if entry is not None:
             try:
-                if deadline is None:
-                    entry.done.wait()
-                elif not entry.done.wait(max(deadline - monotonic(), 0.0)):
-                    self._drop_if_queued(entry)  # never sent after its deadline
-                    entry.done.wait()  # taken meanwhile: its round is bounded
-            except BaseException:  # given up on while queued (a cancellation, its deadline)
+                entry.done.wait()
+            except BaseException:  # given up on while queued (a cancellation)
                 with self._lock:
                     if entry in self._queue:  # not taken yet: it never happens
                         self._queue.remove(entry)
@@ -119,18 +114,6 @@ class GroupCommit(Generic[T]):
         shielded(self._round, [entry, *joining])
         if entry.error is not None:
             raise entry.error
-
-    def _drop_if_queued(self, entry: _Entry[T]) -> None:
-        """A queued write whose deadline passed before a round took it is dropped: it
-        raises a transient ``BackendError``, nothing written."""
-        with self._lock:
-            if entry not in self._queue:
-                return
-            self._queue.remove(entry)
-        raise BackendError(
-            f"{self._operation}: not sent: its deadline passed while it waited for a round",
-            transient=True,
-        )
 
     def _take(self) -> list[_Entry[T]]:
         """The queued writes that join a new leader's round: to work IDs in no round in

@@ -42,8 +42,6 @@ class HoldingLease(Protocol):
 
     def _given_up(self, token: Token) -> bool: ...
 
-    def _bounds_its_writes(self) -> bool: ...
-
 
 class Hold:
     """Holds a work ID for the duration of a ``with`` block.
@@ -181,9 +179,6 @@ class Hold:
         if isinstance(exc, FencedError) or self._lease._given_up(token):
             return False  # a zombie records nothing; a lease given up in the block is done
         release = self._release
-        # The lease's own writes, on a backend that bounds its calls, run in the calling
-        # thread (sync: no helper thread per cycle); a pool's batching releaser does not.
-        bounded = release == self._lease.release and self._lease._bounds_its_writes()
         if isinstance(exc, Retire):
             cleanup(
                 self._cleanup_timeout,
@@ -193,7 +188,6 @@ class Hold:
                 exc.state,
                 ExitMode.RETIRED,
                 release,
-                bounded=bounded,
             )
             return True
         shed = renewal.shed
@@ -202,16 +196,7 @@ class Hold:
         if final is None and self._defer is not None and self._defer(token, mode):
             return shed and (exc is None or isinstance(exc, LeaseShedError))
         try:
-            cleanup(
-                self._cleanup_timeout,
-                finish,
-                self._lease,
-                token,
-                final,
-                mode,
-                release,
-                bounded=bounded,
-            )
+            cleanup(self._cleanup_timeout, finish, self._lease, token, final, mode, release)
         except Exception as error:
             if exc is None or isinstance(exc, LeaseShedError):
                 raise

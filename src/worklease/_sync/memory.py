@@ -37,8 +37,6 @@ class MemoryBackend:
     wakes the waiting acquires, leaders and pools of this backend at once.
     """
 
-    _bounds_its_calls = True  # no call waits on anything but a short lock (see lease.py)
-
     __module__ = "worklease"
 
     def __init__(self, clock: Clock | None = None) -> None:

@@ -102,10 +102,6 @@ class PostgresBackend:
     one. ``listen=False`` never listens.
     """
 
-    # Every call honours the deadline set around it (bounded_by): the pool checkout, the
-    # statement (a cancel request or statement_timeout) and the follow-up read (lease.py).
-    _bounds_its_calls = True
-
     __module__ = "worklease"
 
     def __init__(
