@@ -32,6 +32,8 @@ from worklease._async import group as group_module
 from worklease._async.group import AsyncGroupCommit
 
 PROMPT = 10.0
+"""Upper bound for 'promptly' on a loaded CI box."""
+CALLERS = 8
 DEFAULT_ROUNDS = group_module._ROUNDS
 
 
@@ -39,10 +41,6 @@ DEFAULT_ROUNDS = group_module._ROUNDS
 def one_round(monkeypatch: pytest.MonkeyPatch) -> None:
     """Leases made in these tests let one round be in flight (see the module docstring)."""
     monkeypatch.setattr(group_module, "_ROUNDS", 1)
-
-
-"""Upper bound for 'promptly' on a loaded CI box."""
-CALLERS = 8
 
 
 class Gated:

@@ -35,6 +35,8 @@ from worklease._sync import group as group_module
 from worklease._sync.group import GroupCommit
 
 PROMPT = 10.0
+"""Upper bound for 'promptly' on a loaded CI box."""
+CALLERS = 8
 DEFAULT_ROUNDS = group_module._ROUNDS
 
 
@@ -42,10 +44,6 @@ DEFAULT_ROUNDS = group_module._ROUNDS
 def one_round(monkeypatch: pytest.MonkeyPatch) -> None:
     """Leases made in these tests let one round be in flight (see the module docstring)."""
     monkeypatch.setattr(group_module, "_ROUNDS", 1)
-
-
-"""Upper bound for 'promptly' on a loaded CI box."""
-CALLERS = 8
 
 
 class Gated:

@@ -34,9 +34,9 @@ _ROUND_LIMIT = 500
 """Most writes one round sends (one statement's arrays stay small)."""
 _ROUNDS = 2
 """How many rounds may be in flight at once by default (ADR-0012): one on the wire while the
-next gathers its callers. Measured against 1, 4 and 8 on a 2-core machine shared with the
-server: 2 gains a fifth to a half at 8 concurrent callers and loses nothing at 32 and 128;
-more rounds split the batches and cost throughput at 32."""
+next gathers its callers. Measured against 1 and 8 in paired runs on a 2-core machine
+shared with the server: 2 gains 15 to 45 % at 8 concurrent callers and loses nothing at 32
+and 128; 8 rounds split the batches and cost throughput at 32."""
 
 
 class _Entry(Generic[T]):
