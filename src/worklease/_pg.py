@@ -121,6 +121,22 @@ def learn_traits(conn: Any, rows: Rows) -> ConnectionTraits:
     return traits
 
 
+RENEWAL_POOL_SIZE = 4
+"""Connections of a backend's private pool (renewals, a pool's surveys and batches)."""
+DIRECT_SLOTS = 2
+"""How many calls may run on connections of their own at once (per backend), when the pool
+they would use has none to give (a failover, a saturated application pool)."""
+LISTENER_CONNECTIONS = 2
+"""The release listener's connection, and the second one its route check opens for a moment
+at each (re)connect."""
+
+
+def connections_per_backend(pool_max_size: int) -> int:
+    """The most server connections one backend opens: its application pool's ``max_size``,
+    its private pool, its direct slots and its listener (the sizing rule of the guide)."""
+    return pool_max_size + RENEWAL_POOL_SIZE + DIRECT_SLOTS + LISTENER_CONNECTIONS
+
+
 TABLE = "worklease_leases"
 RELEASE_CHANNEL = "worklease_release"
 """The NOTIFY channel a release or forget announces its work ID on (at commit)."""

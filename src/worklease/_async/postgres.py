@@ -23,6 +23,8 @@ from .._fairshare import PoolSurvey
 from .._models import Checkpoint, ExitMode, Token
 from .._pg import (
     CONNECTION_TRAITS,
+    DIRECT_SLOTS,
+    RENEWAL_POOL_SIZE,
     ConnectionTraits,
     Rows,
     Statements,
@@ -54,11 +56,8 @@ __all__ = ["AsyncPostgresBackend", "run_statement"]
 
 _CURRENT_SCHEMA = b"SET TRANSACTION ISOLATION LEVEL READ COMMITTED; SELECT current_schema()"
 
-_RENEWAL_POOL_SIZE = 4
 _BYPASS_AFTER = 0.25
 """How long a renewal waits for the renewal pool before it opens a connection of its own."""
-_DIRECT_SLOTS = 2
-"""How many renewals may run on connections of their own at once (per backend)."""
 _LOSS_READ_TIMEOUT = 5.0
 """How long a failed step waits for a connection to read why it failed."""
 
@@ -260,7 +259,7 @@ class AsyncPostgresBackend:
                     kwargs=self._pool.kwargs,
                     connection_class=self._pool.connection_class,
                     min_size=1,
-                    max_size=_RENEWAL_POOL_SIZE,
+                    max_size=RENEWAL_POOL_SIZE,
                     open=False,
                     # No check on checkout: psycopg_pool sleeps a second or more after a
                     # failed check, which can exceed a short lease window. A renewal whose
@@ -351,7 +350,7 @@ class AsyncPostgresBackend:
 
     def _take_direct_slot(self) -> bool:
         with self._lock:
-            if self._direct_in_use >= _DIRECT_SLOTS:
+            if self._direct_in_use >= DIRECT_SLOTS:
                 return False
             self._direct_in_use += 1
             return True
