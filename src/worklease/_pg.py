@@ -22,6 +22,7 @@ only move from "expired" to "fenced", the safe direction.
 
 from __future__ import annotations
 
+import logging
 import re
 import weakref
 from collections.abc import Sequence
@@ -49,6 +50,8 @@ __all__ = [
     "schema_sql",
     "statement_timeout",
 ]
+
+_logger = logging.getLogger("worklease")
 
 Rows = list[tuple[Any, ...]]
 """The rows of a statement's last result, as psycopg returns them (tuples)."""
@@ -81,21 +84,28 @@ def single_statement(statement: bytes) -> bytes | None:
 
 CONNECTION_TRAITS = (
     b"SELECT current_setting('default_transaction_isolation'), "
-    b"(SELECT setting::bigint FROM pg_settings WHERE name = 'statement_timeout')"
+    b"(SELECT setting::bigint FROM pg_settings WHERE name = 'statement_timeout'), "
+    b"pg_backend_pid()"
 )
-"""What the prepared path needs to know of a connection, asked once: its default isolation
-and its session's ``statement_timeout`` (milliseconds, 0: none), from the role, database,
-``options`` or a ``SET``."""
+"""What the statement path needs to know of a connection, asked once: its default isolation,
+its session's ``statement_timeout`` (milliseconds, 0: none), from the role, database,
+``options`` or a ``SET``, and the server process serving it (compared with the one the
+connection was given at startup: a proxy in between, ADR-0015)."""
 
 
 @dataclass(frozen=True, slots=True)
 class ConnectionTraits:
     read_committed: bool
     statement_timeout_ms: int
+    proxied: bool = False
+    """The server process answering is not the one named in the connection's cancel key: a
+    proxy (a pooler such as PgBouncer, which hands out keys of its own) is in between, and
+    it may lend the server session to other clients between transactions."""
 
-    def sends_prepared(self, bound: float | None) -> bool:
-        """Whether a statement may go prepared, alone: the connection reads committed, and
-        a bounded statement (``bound`` seconds) is not cut short by a shorter session
+    def extended(self, bound: float | None) -> bool:
+        """Whether a statement may go alone through the extended protocol (server-side
+        parameters, prepared or not): the connection reads committed, and a bounded
+        statement (``bound`` seconds) is not cut short by a shorter session
         ``statement_timeout`` (the simple query overrides it for the statement, as its
         bound)."""
         if not self.read_committed:
@@ -115,10 +125,62 @@ def known_traits(conn: Any) -> ConnectionTraits | None:
 
 def learn_traits(conn: Any, rows: Rows) -> ConnectionTraits:
     """Remember the result of ``CONNECTION_TRAITS`` on ``conn``."""
-    isolation, timeout = rows[0] if rows else (None, None)
-    traits = ConnectionTraits(isolation == "read committed", int(timeout or 0))
+    isolation, timeout, pid = rows[0] if rows else (None, None, None)
+    proxied = pid is not None and int(pid) != conn.pgconn.backend_pid
+    traits = ConnectionTraits(isolation == "read committed", int(timeout or 0), proxied)
     _TRAITS[conn] = traits
     return traits
+
+
+def check_prepare(value: object) -> bool | None:
+    """The backend's ``prepare`` option: ``None`` (decide per connection), ``True`` or
+    ``False``."""
+    if value is not None and not isinstance(value, bool):
+        raise ConfigError(f"prepare must be None, True or False, not {value!r}")
+    return value
+
+
+def prepares(mode: bool | None, traits: ConnectionTraits, conn: Any) -> bool:
+    """Whether a statement going through the extended protocol on ``conn`` is sent as a
+    named prepared statement (else unnamed: parsed and planned per call, and safe through
+    any pooler). ``mode`` is the backend's ``prepare``: ``None`` prepares only on a
+    connection that reaches the server directly (ADR-0015); a connection whose
+    ``prepare_threshold`` is ``None`` is honoured by the driver in every mode."""
+    if mode is None and traits.proxied:
+        _warn_proxied(conn)
+        return False
+    return True
+
+
+_WARNED_ROUTES: set[tuple[str, str, str]] = set()
+
+PROXIED_WARNING = (
+    "worklease: {route} reaches PostgreSQL through a proxy (the server process answering is "
+    "not the one the connection was given at startup, as behind PgBouncer): worklease sends "
+    "its statements unprepared, safe where the pooler lends a server session to other "
+    "clients. {own} If the pooler keeps prepared statements per client (PgBouncer 1.21 or "
+    "later with max_prepared_statements > 0) or pools whole sessions, prepare=True gives "
+    "back the prepared path."
+)
+_OWN_AT_RISK = (
+    "Your own statements on these connections are prepared by psycopg after "
+    "prepare_threshold (5) runs, which a pooler sharing server sessions mixes up between "
+    "clients: give the pool kwargs={'prepare_threshold': None}."
+)
+
+
+def _warn_proxied(conn: Any) -> None:
+    """One warning per process and route: what worklease does behind a proxy, and what the
+    application's own statements need there."""
+    info = conn.info
+    route = (str(info.host), str(info.port), str(info.dbname))
+    if route in _WARNED_ROUTES:
+        return
+    _WARNED_ROUTES.add(route)
+    threshold = getattr(conn, "prepare_threshold", None)
+    own = _OWN_AT_RISK if threshold is not None else ""
+    where = f"the connection to {route[0]}:{route[1]} database {route[2]!r}"
+    _logger.warning(" ".join(PROXIED_WARNING.format(route=where, own=own).split()))
 
 
 RENEWAL_POOL_SIZE = 4

@@ -73,8 +73,8 @@ async def backend(request: pytest.FixtureRequest) -> AsyncIterator[AsyncBackend]
                 min_size=1,
                 max_size=4,
                 open=False,
-                # the documented setting for the application's statements behind PgBouncer
-                kwargs={"prepare_threshold": None},
+                # psycopg's defaults, as a team already running PgBouncer has them: worklease
+                # sees the pooler and sends its statements unprepared (ADR-0015)
             ) as pool,
             AsyncPostgresBackend(pool, listen_dsn=direct if needs_reports else None) as postgres,
         ):

@@ -239,3 +239,69 @@ async def test_a_listener_stopped_during_its_probe_takes_the_listen_back(
             await listener.stop()
         assert probing, "the LISTEN never ran on the client's own session"
     assert pg.pooled_listeners(pgbouncer_dsn, postgres_dsn) == 0
+
+
+UNTOUCHED_ROWS = "worklease_test_untouched"
+
+
+async def test_library_defaults_through_a_transaction_pooler_never_mix_up_statements(
+    postgres_dsn: str,
+    pgbouncer_dsn: str,
+    caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A plain pool (psycopg's defaults: statements prepared after 5 runs) and the backend's
+    defaults behind PgBouncer 1.18 in transaction mode. Prepared by name, the statements of
+    different clients met on shared server sessions (DuplicatePreparedStatement,
+    InvalidSqlStatementName, or another client's statement bound to these parameters). Now
+    worklease sends them unprepared there and warns once; a transactional step's own
+    statements are not prepared either, however often they run."""
+    monkeypatch.setattr("worklease._pg._WARNED_ROUTES", set())
+    pg.reset(postgres_dsn)
+    pg.execute(
+        postgres_dsn,
+        f"CREATE TABLE IF NOT EXISTS {UNTOUCHED_ROWS} (work_id TEXT, fencing_token BIGINT)",
+    )
+    pg.execute(postgres_dsn, f"TRUNCATE {UNTOUCHED_ROWS}")
+    backends = [await open_backend(pgbouncer_dsn) for _ in range(3)]
+    try:
+        assert all(backend.prepare is None for backend in backends)
+        leases = [
+            AsyncLease(backend, holder_id=f"h{i}", ttl=LONG) for i, backend in enumerate(backends)
+        ]
+
+        async def cycle(lease: AsyncLease, work_id: str) -> None:
+            token = await lease.acquire(work_id)
+            await lease.read_checkpoint(token)
+            await lease.checkpoint(token, b"state")
+            await lease.renew(token)
+            async with lease.transaction(token) as tx:
+                await tx.connection.execute(
+                    f"INSERT INTO {UNTOUCHED_ROWS} VALUES (%s, %s)".encode(),
+                    (work_id, token.fencing_token),
+                )
+                tx.checkpoint(b"stepped")
+            await lease.release(token, ExitMode.FINISHED)
+
+        with caplog.at_level(logging.WARNING, logger="worklease"):
+            # One after another: PgBouncer lends the idle server session to the next client
+            # (last in, first out), where same-named statements of two clients meet.
+            for _ in range(8):
+                for index, lease in enumerate(leases):
+                    await cycle(lease, f"untouched-{index}")
+
+            # And at once, on every connection of every pool.
+            async def worker(index: int) -> None:
+                for _ in range(6):
+                    await cycle(leases[index % 3], f"untouched-many-{index}")
+
+            outcomes = await aspawn_all(worker, 12)
+        assert [o for o in outcomes if isinstance(o, BaseException)] == []
+        warnings = [r.getMessage() for r in caplog.records if "through a proxy" in r.getMessage()]
+        assert len(warnings) == 1, warnings  # one per process and route
+        assert "prepare_threshold" in warnings[0]  # the application's own statements
+        stored = pg.execute(postgres_dsn, f"SELECT count(*) FROM {UNTOUCHED_ROWS}")
+        assert stored[0][0] == 8 * 3 + 12 * 6
+    finally:
+        for backend in backends:
+            await close_backend(backend)

@@ -76,8 +76,8 @@ def backend(request: pytest.FixtureRequest) -> Iterator[Backend]:
                 min_size=1,
                 max_size=4,
                 open=False,
-                # the documented setting for the application's statements behind PgBouncer
-                kwargs={"prepare_threshold": None},
+                # psycopg's defaults, as a team already running PgBouncer has them: worklease
+                # sees the pooler and sends its statements unprepared (ADR-0015)
             ) as pool,
             PostgresBackend(pool, listen_dsn=direct if needs_reports else None) as postgres,
         ):

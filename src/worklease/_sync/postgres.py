@@ -32,11 +32,13 @@ from .._pg import (
     Rows,
     Statements,
     check_listen_dsn,
+    check_prepare,
     check_schema_name,
     known_traits,
     learn_traits,
     map_error,
     must_discard,
+    prepares,
     schema_statements,
     single_statement,
     statement_timeout,
@@ -74,14 +76,18 @@ class PostgresBackend:
     the tables first with :meth:`apply_schema` or ``worklease migrate``.
 
     Every operation is a single statement sent in one round trip in autocommit mode and runs
-    READ COMMITTED; expiry is decided by the database clock. With ``prepare`` (the default)
-    statements use server-side parameters and plans prepared once per connection (a
-    connection whose ``prepare_threshold`` is ``None`` is honoured); a connection whose
-    default isolation is not READ COMMITTED (asked once per connection) gets the statement
-    as a simple query pinned to READ COMMITTED instead. ``prepare=False`` sends every
-    statement that way: the mode for poolers that cannot keep prepared statements across
-    transactions (PgBouncer before 1.21 in transaction or statement mode, or later versions
-    with ``max_prepared_statements = 0``). Renewals, and a pool's surveys,
+    READ COMMITTED; expiry is decided by the database clock. Statements use server-side
+    parameters. With ``prepare=None`` (the default) their plans are prepared once per
+    connection only where the connection reaches PostgreSQL directly; behind a proxy (a
+    pooler such as PgBouncer, told by the server process answering differing from the one in
+    the connection's cancel key, asked once per connection) they go unprepared, which is safe
+    where the pooler lends server sessions to other clients, and one warning per route says
+    so. ``prepare=True`` prepares on every route: for poolers that keep prepared statements
+    per client (PgBouncer 1.21 or later with ``max_prepared_statements > 0``) or pool whole
+    sessions. A connection whose ``prepare_threshold`` is ``None`` is honoured in both. A
+    connection whose default isolation is not READ COMMITTED gets the statement as a simple
+    query pinned to READ COMMITTED instead; ``prepare=False`` sends every statement that
+    way. Renewals, and a pool's surveys,
     batched acquires and batched releases, use a small private pool (up to four connections,
     built from the application pool's conninfo and kwargs, on the schema the application's
     connections resolve) so they keep working when the application exhausts its own pool;
@@ -110,7 +116,7 @@ class PostgresBackend:
         schema: str | None = None,
         listen: bool = True,
         listen_dsn: str | None = None,
-        prepare: bool = True,
+        prepare: bool | None = None,
     ) -> None:
         if pool is None:
             raise BackendRequiredError("a connection pool is required")
@@ -131,10 +137,7 @@ class PostgresBackend:
         except TypeError as exc:
             raise ConfigError(str(exc)) from None
         self._listen_dsn = check_listen_dsn(listen_dsn, self._listen)
-        try:
-            self._prepare = check_flag(prepare, "prepare")
-        except TypeError as exc:
-            raise ConfigError(str(exc)) from None
+        self._prepare = check_prepare(prepare)
         self._hub = ReleaseHub()
         self._listener: ReleaseListener | None = None
 
@@ -146,7 +149,7 @@ class PostgresBackend:
         schema: str | None = None,
         listen: bool = True,
         listen_dsn: str | None = None,
-        prepare: bool = True,
+        prepare: bool | None = None,
         **pool_kwargs: Any,
     ) -> PostgresBackend:
         """A backend that owns a new pool built from ``conninfo`` (libpq settings and the
@@ -173,8 +176,9 @@ class PostgresBackend:
         return self._pool
 
     @property
-    def prepare(self) -> bool:
-        """Whether statements are sent prepared (see the class docs)."""
+    def prepare(self) -> bool | None:
+        """How statements are sent: ``None`` decides per connection, ``True`` always
+        prepares, ``False`` sends simple queries (see the class docs)."""
         return self._prepare
 
     @property
@@ -324,7 +328,7 @@ class PostgresBackend:
         left = seconds_left() if deadline_bound else None
         if left is not None:
             timeout = max(left, 0.001) if timeout is None else min(timeout, max(left, 0.001))
-        single = single_statement(statement) if self._prepare else None
+        single = single_statement(statement) if self._prepare is not False else None
         if left is not None or bound is not None:
             statement = self._statements.bounded(statement)
         try:
@@ -380,7 +384,7 @@ class PostgresBackend:
                 # What is left once the connection is there: a slow checkout never leaves
                 # the statement more time than its caller.
                 bound = seconds_left() or 0.0
-            return run_statement(conn, operation, statement, params, bound, single)
+            return run_statement(conn, operation, statement, params, bound, single, self._prepare)
 
     # -- the backend protocol -----------------------------------------------------------------
 
@@ -638,6 +642,7 @@ class PostgresTransaction:
         self._pool = backend.pool
         self._conn: Connection[Any] | None = None
         self._restore_autocommit = False
+        self._restore_threshold: int | None = None
 
     @property
     def connection(self) -> Connection[Any]:
@@ -660,6 +665,19 @@ class PostgresTransaction:
                 self._restore_autocommit = True
             # 0 = no bound (no renewal window to respect)
             bound = statement_timeout(limit) if limit is not None else "0"
+            if backend.prepare is not False:
+                # asked before BEGIN (once per connection), for the guard and for this:
+                traits = _traits(conn)
+                if (
+                    backend.prepare is None
+                    and traits.proxied
+                    and conn.prepare_threshold is not None
+                ):
+                    # Behind a pooler the user's own statements in the step must not be
+                    # prepared either (a later step's may run on another server session):
+                    # off for the step, as it was afterwards.
+                    self._restore_threshold = conn.prepare_threshold
+                    conn.prepare_threshold = None
             ClientCursor(conn).execute(self._statements.tx_begin, {"limit": bound})
         except BaseException as exc:
             self._finish(discard=True)
@@ -671,10 +689,12 @@ class PostgresTransaction:
         conn = self.connection
         params = self._statements.owned(self._token)
         params.update(write=write, state=state, ttl=Statements.ttl(backend_ttl(ttl)))
+        mode = self._backend.prepare
         try:
-            if self._backend._prepare:
+            if mode is not False:
+                prepared = prepares(mode, _traits(conn), conn)
                 cursor: Cursor[Any] = Cursor(conn)
-                cursor.execute(self._statements.tx_guard, params, prepare=True)
+                cursor.execute(self._statements.tx_guard, params, prepare=prepared)
             else:
                 cursor = ClientCursor(conn)
                 cursor.execute(self._statements.tx_guard, params)
@@ -751,8 +771,11 @@ class PostgresTransaction:
         try:
             if discard or conn.closed or conn.broken:
                 conn.pgconn.finish()
-            elif self._restore_autocommit:
-                conn.set_autocommit(False)
+            else:
+                if self._restore_threshold is not None:
+                    conn.prepare_threshold = self._restore_threshold
+                if self._restore_autocommit:
+                    conn.set_autocommit(False)
         except BaseException:
             conn.pgconn.finish()
             raise
@@ -796,25 +819,29 @@ def run_statement(
     params: dict[str, Any],
     bound: float | None = None,
     single: bytes | None = None,
+    prepare: bool | None = None,
 ) -> tuple[Rows, int]:
     """Execute one worklease statement on ``conn`` in autocommit; return the rows and row
-    count of its last result. ``single`` (the statement without its isolation pin) is sent
-    prepared when the connection reads committed by default and its session has no shorter
-    ``statement_timeout`` than ``bound``, bounded by a cancel request after ``bound``
-    seconds; otherwise ``statement`` goes as a simple query (parameters bound
-    client-side; with ``bound`` it is the bounded text and gets its ``statement_timeout``). A
-    connection left in an unknown state is closed; driver errors are raised as they are
-    (``map_error``), a statement cancelled at its bound as a transient ``BackendError``."""
+    count of its last result. ``single`` (the statement without its isolation pin) goes
+    alone through the extended protocol when the connection reads committed by default and
+    its session has no shorter ``statement_timeout`` than ``bound``, bounded by a cancel
+    request after ``bound`` seconds; it is prepared as ``prepares(prepare, ...)`` decides
+    (``None``: only where the connection reaches the server directly); otherwise
+    ``statement`` goes as a simple query (parameters bound client-side; with ``bound`` it is
+    the bounded text and gets its ``statement_timeout``). A connection left in an unknown
+    state is closed; driver errors are raised as they are (``map_error``), a statement
+    cancelled at its bound as a transient ``BackendError``."""
     restore = not conn.autocommit
     ticket: CancelTicket | None = None
     try:
         if restore:
             conn.set_autocommit(True)
-        if single is not None and (_traits(conn)).sends_prepared(bound):
+        traits = _traits(conn) if single is not None else None
+        if single is not None and traits is not None and traits.extended(bound):
             cursor: Cursor[Any] = Cursor(conn, row_factory=tuple_row)
             if bound is not None:
                 ticket = watch_statement(conn, bound)
-            cursor.execute(single, params, prepare=True)
+            cursor.execute(single, params, prepare=prepares(prepare, traits, conn))
             if ticket is not None:
                 ticket.done()
         else:
