@@ -23,6 +23,7 @@ only move from "expired" to "fenced", the safe direction.
 from __future__ import annotations
 
 import logging
+import math
 import re
 import weakref
 from collections.abc import Sequence
@@ -193,6 +194,42 @@ LISTENER_CONNECTIONS = 2
 at each (re)connect."""
 
 
+class PoolTrouble:
+    """Whether a pool that has no connection to give is failing, not merely busy (a
+    failover, a restart, wrong credentials), so that a call may go around it on a connection
+    of its own (a direct slot): psycopg_pool reconnects on a backoff that starts at 1 s and
+    doubles, which would hold every write back for seconds after the server is back.
+
+    The signs: the pool never served this backend yet (a pool that cannot connect at all:
+    one direct attempt tells why, at once), its own counters of failed connection attempts
+    and lost connections moved, or a statement of this backend lost its connection, within
+    the last ``span`` seconds. A pool that is only busy is waited for, as before. No I/O;
+    races between threads only make a judgement one call late."""
+
+    span = 60.0
+
+    def __init__(self) -> None:
+        self.served = False
+        self._failures: int | None = None
+        self._until = -math.inf
+
+    def suspected(self, now: float) -> bool:
+        """Trouble was seen recently: a checkout waits only briefly before going around."""
+        return now < self._until
+
+    def connection_failed(self, now: float) -> None:
+        self._until = now + self.span
+
+    def judge(self, stats: dict[str, int], now: float) -> bool:
+        """At a checkout that timed out: whether to go around the pool (``stats`` are
+        ``pool.get_stats()``)."""
+        failures = sum(stats.get(k, 0) for k in ("connections_errors", "connections_lost"))
+        if failures and failures != self._failures:
+            self._until = now + self.span
+        self._failures = failures
+        return not self.served or now < self._until
+
+
 def connections_per_backend(pool_max_size: int) -> int:
     """The most server connections one backend opens: its application pool's ``max_size``,
     its private pool, its direct slots and its listener (the sizing rule of the guide)."""
@@ -234,6 +271,19 @@ def check_schema_name(schema: object) -> str | None:
     if not isinstance(schema, str) or not schema or "\x00" in schema or "%" in schema:
         raise ConfigError(f"schema must be a non-empty string without NUL or '%', got {schema!r}")
     return schema
+
+
+def check_conninfo(conninfo: object) -> str:
+    """A conninfo string (key/value or URL) libpq can parse, checked before any I/O; the
+    message never repeats the string (it may hold a password)."""
+    if not isinstance(conninfo, str):
+        raise ConfigError(f"conninfo must be a string, got {type(conninfo).__name__}")
+    try:
+        conninfo_to_dict(conninfo)
+    except psycopg.ProgrammingError as exc:
+        detail = " ".join(str(exc).split())
+        raise ConfigError(f"not a valid conninfo string: {detail}") from None
+    return conninfo
 
 
 def check_listen_dsn(listen_dsn: object, listen: bool) -> str | None:
@@ -836,6 +886,80 @@ _TRANSIENT = (
 )
 
 _SCHEMA_ERROR = re.compile(r'worklease_leases" does not exist')
+
+_PERMANENT_CONNECT_CODES = frozenset({"28000", "28P01", "3D000", "42501"})
+"""invalid authorization, invalid password, unknown database, insufficient privilege."""
+_PERMANENT_CONNECT = re.compile(
+    r"password authentication failed|authentication failed for user|"
+    r'role "[^"]*" does not exist|database "[^"]*" does not exist|'
+    r"no pg_hba\.conf entry|pg_hba\.conf rejects|no password supplied|password is required|"
+    r"is not permitted to log in|permission denied for database|"
+    r"server does not support SSL|SSL (?:is )?required|certificate verify failed|"
+    r"invalid (?:connection option|sslmode value|integer value)|missing \"=\" after|"
+    r"invalid URI query parameter|invalid port number"
+)
+"""What libpq and the server say when connecting can never work with these settings (the
+server's words are English unless its lc_messages says otherwise; psycopg gives no SQLSTATE
+for a failed connection attempt)."""
+
+
+def permanent_connect_failure(error: psycopg.Error) -> bool:
+    """Whether a failed connection attempt fails for good: wrong credentials, an unknown
+    role or database, a refused ``pg_hba.conf`` entry, a TLS requirement not met, or
+    settings libpq cannot parse. A refused or timed-out connection, a server starting up,
+    shutting down or in recovery, or out of connection slots may come back: transient."""
+    if isinstance(error, psycopg.ProgrammingError):  # the conninfo itself is malformed
+        return True
+    if not isinstance(error, psycopg.OperationalError):
+        return False
+    if getattr(error, "sqlstate", None) in _PERMANENT_CONNECT_CODES:
+        return True
+    return _PERMANENT_CONNECT.search(str(error)) is not None
+
+
+def connection_error(error: psycopg.Error, operation: str) -> BackendError:
+    """A failed connection attempt as ``BackendError``: permanent (``transient`` unset) when
+    it can never work, naming the cause; transient otherwise."""
+    detail = " ".join(str(error).split()) or type(error).__name__
+    if permanent_connect_failure(error):
+        return BackendError(
+            f"{operation}: cannot connect to PostgreSQL (permanent, fix the connection "
+            f"settings): {detail}"
+        )
+    return BackendError(
+        f"{operation}: cannot connect to PostgreSQL (transient): {detail}", transient=True
+    )
+
+
+READ_ONLY_CAUSE = (
+    b"SELECT pg_is_in_recovery(), current_setting('default_transaction_read_only'), "
+    b"current_setting('transaction_read_only')"
+)
+"""Asked after a write was refused as read-only: a standby (a failover in progress: the
+pool must reconnect, to the new primary) or a read-only role or database (for good)."""
+
+
+def read_only_error(operation: str, rows: Rows) -> BackendError | None:
+    """From ``READ_ONLY_CAUSE``: a permanent ``BackendError`` when the server is a primary
+    and the session is read-only by its settings, else ``None`` (the refusal stays
+    transient)."""
+    if not rows:
+        return None
+    in_recovery, default_read_only, read_only = rows[0]
+    if in_recovery:
+        return None
+    setting = (
+        "default_transaction_read_only = on (set for this role, this database or the server)"
+        if default_read_only == "on"
+        else "transaction_read_only = on"
+        if read_only == "on"
+        else "a read-only session"
+    )
+    return BackendError(
+        f"{operation}: PostgreSQL refused the write (permanent): the server is a primary, not "
+        f"in recovery, but {setting}; worklease needs a role and database that may write "
+        "(`worklease check` names the setting)"
+    )
 
 
 def map_error(error: psycopg.Error, operation: str) -> BackendError:

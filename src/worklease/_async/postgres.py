@@ -24,18 +24,23 @@ from .._models import Checkpoint, ExitMode, Token
 from .._pg import (
     CONNECTION_TRAITS,
     DIRECT_SLOTS,
+    READ_ONLY_CAUSE,
     RENEWAL_POOL_SIZE,
     ConnectionTraits,
+    PoolTrouble,
     Rows,
     Statements,
+    check_conninfo,
     check_listen_dsn,
     check_prepare,
     check_schema_name,
+    connection_error,
     known_traits,
     learn_traits,
     map_error,
     must_discard,
     prepares,
+    read_only_error,
     schema_statements,
     single_statement,
     statement_timeout,
@@ -49,6 +54,7 @@ from .._validation import (
     non_negative_seconds,
     normalize_state,
 )
+from .._window import monotonic
 from ..errors import BackendError, BackendRequiredError, ConfigError, LeaseLostError
 from .backend import StateLike
 from .listener import AsyncReleaseListener
@@ -60,6 +66,10 @@ _CURRENT_SCHEMA = b"SET TRANSACTION ISOLATION LEVEL READ COMMITTED; SELECT curre
 
 _BYPASS_AFTER = 0.25
 """How long a renewal waits for the renewal pool before it opens a connection of its own."""
+_DEFAULT_MIN_SIZE = 4
+"""psycopg_pool's default ``min_size``."""
+_TROUBLED_WAIT = 0.02
+"""How long a call waits for a failing pool before it tries a direct slot again."""
 _LOSS_READ_TIMEOUT = 5.0
 """How long a failed step waits for a connection to read why it failed."""
 
@@ -128,6 +138,8 @@ class AsyncPostgresBackend:
         self._renewal_statements: Statements | None = None
         self._lock = ThreadLock()
         self._direct_in_use = 0
+        self._trouble = PoolTrouble()
+        self._renewal_trouble = PoolTrouble()
         self._closed = False
         try:
             self._listen = check_flag(listen, "listen")
@@ -152,10 +164,18 @@ class AsyncPostgresBackend:
         """A backend that owns a new pool built from ``conninfo`` (libpq settings and the
         standard ``PG*`` environment variables apply). ``pool_kwargs`` go to the pool; the pool
         opens on first use (or on entering the backend's context) and closes with the backend.
+        A ``max_size`` below psycopg_pool's default ``min_size`` (4) lowers ``min_size`` with
+        it. A ``conninfo`` libpq cannot parse is a ``ConfigError`` here; wrong credentials or
+        an unknown database surface at the first call, as a permanent ``BackendError``.
         """
+        check_conninfo(conninfo)
         kwargs = dict(pool_kwargs.pop("kwargs", None) or {})
         kwargs["autocommit"] = True
         pool_kwargs.setdefault("check", AsyncConnectionPool.check_connection)
+        max_size = pool_kwargs.get("max_size")
+        if "min_size" not in pool_kwargs and isinstance(max_size, int) and max_size >= 1:
+            # psycopg_pool's min_size defaults to 4: a smaller max_size alone must not fail
+            pool_kwargs["min_size"] = min(max_size, _DEFAULT_MIN_SIZE)
         pool_kwargs.setdefault("name", "worklease")
         try:
             pool: AsyncConnectionPool[Any] = AsyncConnectionPool(
@@ -314,9 +334,10 @@ class AsyncPostgresBackend:
         its last result. ``timeout`` bounds the wait for a connection; ``bound`` (seconds)
         the statement itself; with ``deadline_bound`` the statement is bounded by what is
         left of the caller's deadline once the connection is there (so a slow checkout does
-        not leave the statement more time than its caller). With ``bypass`` (renewals), a
-        pool that has no connection to give within ``_BYPASS_AFTER`` seconds is bypassed:
-        the statement runs on a connection of its own, opened with the pool's settings."""
+        not leave the statement more time than its caller). With ``bypass`` (renewals), or
+        when the pool is failing, a pool that has no connection to give within
+        ``_BYPASS_AFTER`` seconds is gone around: the statement runs on a connection of its
+        own, opened with the pool's settings (see :meth:`_checkout`)."""
         if self._closed:
             raise closed(operation)
         if pool is None:
@@ -329,28 +350,92 @@ class AsyncPostgresBackend:
         if left is not None or bound is not None:
             statement = self._statements.bounded(statement)
         try:
-            if bypass and (timeout is None or timeout > _BYPASS_AFTER):
-                try:
-                    return await self._run_pooled(
-                        pool, _BYPASS_AFTER, operation, statement, params, single, left, bound
-                    )
-                except PoolTimeout:
-                    # After a failover psycopg_pool reconnects with a delay that starts at
-                    # 1 s and doubles; a renewal must not wait for it inside a lease window.
-                    rest = None if timeout is None else timeout - _BYPASS_AFTER
-                    if not self._take_direct_slot():  # enough of them already: wait
-                        return await self._run_pooled(
-                            pool, rest, operation, statement, params, single, left, bound
-                        )
-                    try:
-                        return await _run_direct(pool, rest, operation, statement, params, bound)
-                    finally:
-                        self._give_direct_slot()
-            return await self._run_pooled(
-                pool, timeout, operation, statement, params, single, left, bound
-            )
+            conn, direct = await self._checkout(pool, timeout, bypass, operation)
+            try:
+                if left is not None:
+                    # What is left once the connection is there: a slow checkout never
+                    # leaves the statement more time than its caller.
+                    bound = seconds_left() or 0.0
+                # On a connection used once, a prepared plan is wasted: a simple query.
+                return await run_statement(
+                    conn,
+                    operation,
+                    statement,
+                    params,
+                    bound,
+                    None if direct else single,
+                    self._prepare,
+                )
+            except psycopg.Error:
+                if conn.closed or conn.broken:  # the connection was lost under the statement
+                    self._trouble_of(pool).connection_failed(monotonic())
+                raise
+            finally:
+                await self._checkin(pool, conn, direct)
         except psycopg.Error as exc:
             raise map_error(exc, operation) from exc
+
+    def _trouble_of(self, pool: AsyncConnectionPool[Any]) -> PoolTrouble:
+        return self._renewal_trouble if pool is self._renewal_pool else self._trouble
+
+    async def _checkout(
+        self,
+        pool: AsyncConnectionPool[Any],
+        timeout: float | None,
+        bypass: bool,
+        operation: str,
+    ) -> tuple[AsyncConnection[Any], bool]:
+        """A connection of ``pool`` within ``timeout`` seconds, or one of its own (``True``
+        beside it: give it back with :meth:`_checkin`). The pool is gone around, within
+        ``DIRECT_SLOTS``, when it has none to give within ``_BYPASS_AFTER`` seconds and
+        ``bypass`` is set (renewals) or the pool is failing (``PoolTrouble``): after a
+        failover psycopg_pool reconnects on a backoff that starts at 1 s and doubles; with
+        wrong credentials it never connects, and the direct attempt says why at once. A
+        pool that is only busy is waited for."""
+        guard = ACancelGuard()
+        trouble = self._trouble_of(pool)
+        now = monotonic()
+        wait = _TROUBLED_WAIT if trouble.suspected(now) else _BYPASS_AFTER
+        end = now + (pool.timeout if timeout is None else timeout)
+        while True:
+            rest = end - monotonic()
+            last = rest <= wait
+            try:
+                conn = await pool.getconn(max(rest, 0.001) if last else wait)
+            except PoolTimeout:
+                if last:
+                    raise
+            else:
+                try:
+                    guard.check()  # a cancellation the checkout lost is raised here
+                except BaseException:
+                    await pool.putconn(conn)
+                    raise
+                trouble.served = True
+                return conn, False
+            now = monotonic()
+            rest = end - now
+            if not (bypass or trouble.judge(pool.get_stats(), now)):
+                wait = rest  # busy, not failing: wait for it as any caller of it would
+                continue
+            if self._take_direct_slot():
+                try:
+                    return await _connect_direct(pool, rest, operation), True
+                except BaseException:
+                    self._give_direct_slot()
+                    raise
+            wait = _TROUBLED_WAIT  # the slots are taken: the pool, or a slot, soon
+
+    async def _checkin(
+        self, pool: AsyncConnectionPool[Any], conn: AsyncConnection[Any], direct: bool
+    ) -> None:
+        if not direct:
+            await pool.putconn(conn)
+            return
+        try:
+            await conn.close()
+        finally:
+            self._give_direct_slot()
 
     def _take_direct_slot(self) -> bool:
         with self._lock:
@@ -362,28 +447,6 @@ class AsyncPostgresBackend:
     def _give_direct_slot(self) -> None:
         with self._lock:
             self._direct_in_use -= 1
-
-    async def _run_pooled(
-        self,
-        pool: AsyncConnectionPool[Any],
-        timeout: float | None,
-        operation: str,
-        statement: bytes,
-        params: dict[str, Any],
-        single: bytes | None,
-        left: float | None,
-        bound: float | None,
-    ) -> tuple[Rows, int]:
-        guard = ACancelGuard()
-        async with pool.connection(timeout=timeout) as conn:
-            guard.check()  # a cancellation the checkout lost is raised here
-            if left is not None:
-                # What is left once the connection is there: a slow checkout never leaves
-                # the statement more time than its caller.
-                bound = seconds_left() or 0.0
-            return await run_statement(
-                conn, operation, statement, params, bound, single, self._prepare
-            )
 
     # -- the backend protocol -----------------------------------------------------------------
 
@@ -648,6 +711,7 @@ class AsyncPostgresTransaction:
         self._conn: AsyncConnection[Any] | None = None
         self._restore_autocommit = False
         self._restore_threshold: int | None = None
+        self._direct = False
 
     @property
     def connection(self) -> AsyncConnection[Any]:
@@ -661,10 +725,9 @@ class AsyncPostgresTransaction:
             raise closed("transaction")
         await backend.open()
         try:
-            guard = ACancelGuard()
-            conn = await self._pool.getconn()
+            # Around a failing pool as a single statement goes (the step holds the slot).
+            conn, self._direct = await backend._checkout(self._pool, None, False, "transaction")
             self._conn = conn
-            guard.check()
             if not conn.autocommit:  # BEGIN and COMMIT are sent explicitly
                 await conn.set_autocommit(True)
                 self._restore_autocommit = True
@@ -785,19 +848,14 @@ class AsyncPostgresTransaction:
             conn.pgconn.finish()
             raise
         finally:
-            await self._pool.putconn(conn)
+            await self._backend._checkin(self._pool, conn, self._direct)
 
 
-async def _run_direct(
-    pool: AsyncConnectionPool[Any],
-    timeout: float | None,
-    operation: str,
-    statement: bytes,
-    params: dict[str, Any],
-    bound: float | None,
-) -> tuple[Rows, int]:
-    """Run one statement on a new connection built like ``pool``'s, then close it (as a
-    simple query: a plan prepared on a connection used once is wasted)."""
+async def _connect_direct(
+    pool: AsyncConnectionPool[Any], timeout: float | None, operation: str
+) -> AsyncConnection[Any]:
+    """A new connection built like ``pool``'s (autocommit), for one call; a failed attempt
+    as ``connection_error`` (permanent when it can never work)."""
     conninfo: Any = pool.conninfo
     kwargs: Any = pool.kwargs or {}
     # psycopg_pool 3.3 accepts callables for both (resolved per connection)
@@ -812,9 +870,13 @@ async def _run_direct(
     kwargs = dict(kwargs)
     if timeout is not None:  # whole seconds, and libpq waits at least 2
         kwargs["connect_timeout"] = max(math.ceil(timeout), 2)
-    conn = await pool.connection_class.connect(conninfo or "", **kwargs)
-    async with conn:
-        return await run_statement(conn, operation, statement, params, bound)
+    try:
+        conn: AsyncConnection[Any] = await pool.connection_class.connect(conninfo or "", **kwargs)
+    except psycopg.Error as exc:
+        raise connection_error(exc, operation) from exc
+    if not conn.autocommit:
+        await conn.set_autocommit(True)
+    return conn
 
 
 async def run_statement(
@@ -862,6 +924,10 @@ async def run_statement(
     except BaseException as exc:
         if ticket is not None:
             ticket.done()  # before the connection can go back to anybody
+        if isinstance(exc, pg_errors.ReadOnlySqlTransaction):
+            refused = await _read_only_refusal(conn, operation)
+            if refused is not None:  # a primary, read-only by its settings: for good
+                raise refused from exc
         if must_discard(exc):
             # Never hand back a connection in an unknown state; closing the socket (not
             # conn.close(), which a pool with close_returns would take back) lets the pool
@@ -877,6 +943,19 @@ async def run_statement(
     finally:
         if restore and not conn.closed:
             await conn.set_autocommit(False)
+
+
+async def _read_only_refusal(conn: AsyncConnection[Any], operation: str) -> BackendError | None:
+    """Why a write was refused as read-only, asked on the same connection: ``None`` on a
+    standby (a failover: transient, the connection goes) or when that cannot be asked."""
+    if conn.closed or conn.broken:
+        return None
+    try:
+        cursor = AsyncClientCursor(conn, row_factory=tuple_row)
+        await cursor.execute(READ_ONLY_CAUSE)
+        return read_only_error(operation, await cursor.fetchall())
+    except psycopg.Error:
+        return None
 
 
 async def _traits(conn: AsyncConnection[Any]) -> ConnectionTraits:
