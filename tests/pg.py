@@ -356,15 +356,19 @@ class PgBouncer:
 
     ``pool_mode`` is ``transaction`` (what the topologies issue tests) or ``session``. The
     settings are PgBouncer's defaults apart from the addresses, trust authentication and the
-    log level: a user's PgBouncer as installed.
+    log level: a user's PgBouncer as installed. ``admin_users`` (comma-separated) may connect
+    to its admin console (database ``pgbouncer``) and run ``SHOW`` commands.
     """
 
-    def __init__(self, server_dsn: str, *, pool_mode: str = "transaction") -> None:
+    def __init__(
+        self, server_dsn: str, *, pool_mode: str = "transaction", admin_users: str | None = None
+    ) -> None:
         self.executable = find_pgbouncer()
         if self.executable is None:
             raise Unavailable("pgbouncer is not installed (apt-get install pgbouncer)")
         self.host, self.server_port = address(server_dsn)
         self.pool_mode = pool_mode
+        self.admin_users = admin_users
         self.root = Path(tempfile.mkdtemp(prefix="worklease-pgbouncer-"))
         self.port = _free_port()
         self.user: str | None = None
@@ -398,6 +402,7 @@ class PgBouncer:
             f"logfile = {self.log}\n"
             f"pidfile = {self.root / 'pgbouncer.pid'}\n"
             "max_client_conn = 500\n"
+            + (f"admin_users = {self.admin_users}\n" if self.admin_users else "")
         )
         for name in ("users.txt", "pgbouncer.ini"):
             if self.user is not None:

@@ -313,10 +313,38 @@ def test_check_prints_one_line_per_finding_and_exits_0_when_nothing_failed(
     assert result.returncode == 0, result.stdout + result.stderr
     lines = result.stdout.splitlines()
     assert [line.split()[:2] for line in lines][:2] == [["ok", "connection"], ["ok", "schema"]]
-    assert all(line.split()[0] == "ok" for line in lines)
+    # the test server has no standby: the one warning
+    assert {line.split()[1]: line.split()[0] for line in lines if not line.startswith("ok")} == {
+        "replication": "warn"
+    }
     report = json.loads(run("check", "--dsn", postgres_dsn, "--json").stdout)
     assert report["ok"] is True
-    assert {f["name"] for f in report["findings"]} >= {"schema", "replication", "listen"}
+    assert report["clean"] is False
+    assert {f["name"] for f in report["findings"]} >= {
+        "schema",
+        "writes",
+        "replication",
+        "connections",
+        "listen",
+    }
+
+
+@pytest.mark.postgres
+def test_check_fails_when_the_processes_pools_exceed_max_connections(postgres_dsn: str) -> None:
+    ((limit, reserved),) = pg.execute(
+        postgres_dsn,
+        "SELECT current_setting('max_connections')::int, "
+        "current_setting('superuser_reserved_connections')::int",
+    )
+    allowed = limit - reserved
+    pool_size = max(allowed // 2 - 7, 1)  # two processes of pool_size + 8 each: one too many
+    need = 2 * (pool_size + 8)
+    assert need > allowed
+    result = run("check", "--dsn", postgres_dsn, "--pool-size", str(pool_size), "--processes", "2")
+    assert result.returncode == 1, result.stdout + result.stderr
+    (line,) = [line for line in result.stdout.splitlines() if " connections " in line]
+    assert line.startswith(f"fail  connections         {need} connections for 2 processes")
+    assert f"exceed the {allowed} the server allows (max_connections {limit}" in line
 
 
 @pytest.mark.postgres
@@ -339,6 +367,25 @@ def test_check_bad_ttl_is_one_line_and_status_1() -> None:
     result = run("check", "--dsn", "host=nowhere.invalid", "--ttl", "soon")
     assert result.returncode == 1
     assert result.stderr.startswith("worklease check: ")
+
+
+def test_check_bad_pool_size_or_processes_is_one_line_and_status_1() -> None:
+    result = run("check", "--dsn", "host=nowhere.invalid", "--pool-size", "0")
+    assert (result.returncode, result.stdout) == (1, "")
+    assert result.stderr.startswith("worklease check: pool_size must be a whole number")
+    assert result.stderr.count("\n") == 1
+    result = run("check", "--dsn", "host=nowhere.invalid", "--processes", "0")
+    assert result.returncode == 1
+    assert "processes must be a whole number" in result.stderr
+    assert run("check", "--processes", "many").returncode == 2  # not a number: usage
+
+
+def test_check_never_prints_the_dsn_s_password() -> None:
+    # libpq quotes the token it could not decode: here, the password
+    result = run("check", "--dsn", "postgresql://postgres:hun%zzter2@127.0.0.1/db")
+    assert result.returncode == 1
+    assert "zzter2" not in result.stdout + result.stderr
+    assert result.stdout.startswith("fail  connection  cannot connect: ")
 
 
 def test_version() -> None:

@@ -25,10 +25,19 @@ from psycopg.rows import tuple_row
 
 from . import __version__
 from ._acompat import sleep
+from ._check import DEFAULT_POOL_SIZE
 from ._duration import format_duration, glob_to_regex, parse_duration
 from ._failures import first_line
 from ._models import Checkpoint, Token
-from ._pg import TABLE, Rows, Statements, check_schema_name, map_error, schema_sql
+from ._pg import (
+    TABLE,
+    Rows,
+    Statements,
+    check_schema_name,
+    connections_per_backend,
+    map_error,
+    schema_sql,
+)
 from ._sync.check import check_postgres
 from ._sync.lease import Lease
 from ._sync.memory import MemoryBackend
@@ -392,6 +401,8 @@ def _check(args: argparse.Namespace) -> None:
         schema=args.schema,
         listen_dsn=args.listen_dsn,
         ttl=parse_duration(args.ttl),
+        pool_size=args.pool_size,
+        processes=args.processes,
     )
     if args.json:
         print(json.dumps(report.to_dict(), indent=2))
@@ -511,12 +522,14 @@ def _parser() -> argparse.ArgumentParser:
     check = commands.add_parser(
         "check",
         help="check a PostgreSQL deployment for worklease (exit status 1 on a failure)",
-        description="Check the connection, the schema, the default isolation, the clock "
-        "offset to the server, synchronous_commit, standbys and whether replication is "
-        "synchronous, server timeouts against the TTL, a transaction-pooling proxy in "
-        "between (PgBouncer), and whether release notifications work from this DSN (and "
-        "through --listen-dsn). Each line is ok, warn or fail; the exit status is 1 when a "
-        "check failed (or, with --strict, warned).",
+        description="Check the connection, each host of a multi-host DSN (one primary), the "
+        "schema, the default isolation, whether the session can write, the clock offset to "
+        "the server, synchronous_commit, standbys and whether replication is synchronous, "
+        "server timeouts against the TTL, a transaction-pooling proxy in between (PgBouncer), "
+        "whether the connections of --processes processes with a pool of --pool-size fit in "
+        "PgBouncer's pool or the server's max_connections, and whether release notifications "
+        "work from this DSN (and through --listen-dsn). Each line is ok, warn or fail; the "
+        "exit status is 1 when a check failed (or, with --strict, warned).",
     )
     check.add_argument("--dsn", help=DSN_HELP)
     check.add_argument("--schema", metavar="NAME", help="the schema holding the tables")
@@ -525,6 +538,22 @@ def _parser() -> argparse.ArgumentParser:
     )
     check.add_argument(
         "--ttl", default="30s", metavar="DURATION", help="the lease TTL you use (default 30s)"
+    )
+    check.add_argument(
+        "--pool-size",
+        type=int,
+        default=DEFAULT_POOL_SIZE,
+        metavar="N",
+        help="the max_size of each process's application pool (default "
+        f"{DEFAULT_POOL_SIZE}, psycopg_pool's); a backend opens {connections_per_backend(0)} "
+        "connections of its own on top",
+    )
+    check.add_argument(
+        "--processes",
+        type=int,
+        default=1,
+        metavar="N",
+        help="how many processes use this DSN, each with its own backend (default 1)",
     )
     check.add_argument("--json", action="store_true", help="print the report as JSON")
     check.add_argument("--strict", action="store_true", help="exit with status 1 on warnings too")

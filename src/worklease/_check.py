@@ -8,11 +8,27 @@ documented).
 from __future__ import annotations
 
 import re
-from dataclasses import asdict, dataclass, field
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Literal
 
+import psycopg
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
 from ._duration import format_duration
-from ._pg import FENCE, INDEX, SEQUENCE, TABLE, _canonical, check_listen_dsn, check_schema_name
+from ._pg import (
+    DIRECT_SLOTS,
+    FENCE,
+    INDEX,
+    LISTENER_CONNECTIONS,
+    RENEWAL_POOL_SIZE,
+    SEQUENCE,
+    TABLE,
+    _canonical,
+    check_listen_dsn,
+    check_schema_name,
+    connections_per_backend,
+)
 from ._validation import check_ttl
 from .errors import ConfigError
 
@@ -22,6 +38,13 @@ Status = Literal["ok", "warn", "fail"]
 
 CLOCK_OFFSET_WARN = 1.0
 """Seconds of client/server clock difference worth a warning (expiry uses the server's)."""
+DEFAULT_POOL_SIZE = 4
+"""psycopg_pool's ``max_size`` when neither it nor ``min_size`` is given (``max_size``
+defaults to ``min_size``, whose default is 4): what ``PostgresBackend.connect(dsn)`` opens."""
+NEAR_CAPACITY = 0.8
+"""Above this share of a connection limit, ``connections`` warns."""
+MAX_COUNT = 100_000
+"""The largest ``pool_size`` or ``processes`` ``check`` takes."""
 
 
 @dataclass(frozen=True)
@@ -140,7 +163,24 @@ def judge_commit(setting: str) -> CheckFinding:
     return CheckFinding("synchronous_commit", "ok", f"synchronous_commit is {setting}")
 
 
-def judge_replication(in_recovery: bool, standbys: list[tuple[str, str | None]]) -> CheckFinding:
+@dataclass(frozen=True)
+class Standby:
+    """One row of ``pg_stat_replication``: who streams from this server, and how."""
+
+    name: str
+    sync_state: str | None
+    """``async``, ``sync``, ``quorum``, ``potential`` (``None``: hidden from this role)."""
+    state: str | None = "streaming"
+    """``streaming``, ``catchup``, ``startup``, ``backup``, ``stopping`` (``None``: hidden)."""
+    slot_type: str | None = None
+    """``logical`` for a logical-replication walsender (not a standby)."""
+
+
+def judge_replication(
+    in_recovery: bool, standbys: Sequence[Standby], inactive_slots: Sequence[str] = ()
+) -> CheckFinding:
+    """Is this server a primary, can anything take over from it, and would acknowledged
+    checkpoints survive that (``inactive_slots``: replication slots nobody uses)."""
     if in_recovery:
         return CheckFinding(
             "replication",
@@ -148,60 +188,270 @@ def judge_replication(in_recovery: bool, standbys: list[tuple[str, str | None]])
             "this server is a standby (read-only): point the DSN at the primary, e.g. "
             "host=a,b target_session_attrs=read-write",
         )
-    if not standbys:
+    # base backups and logical subscribers stream from a walsender too; neither takes over
+    physical = [s for s in standbys if s.state != "backup" and s.slot_type != "logical"]
+    streaming = [s for s in physical if s.state in ("streaming", None)]
+    lagging = [s for s in physical if s.state not in ("streaming", None)]
+    notes = [f"{s.name or '?'} is connected but {s.state}, not streaming" for s in lagging]
+    if inactive_slots:
+        names = ", ".join(repr(slot) for slot in inactive_slots)
+        notes.append(
+            f"replication slot {names} is inactive (no standby uses it; it keeps WAL on this "
+            "server until dropped)"
+        )
+    tail = "".join(f"; {note}" for note in notes)
+    if not streaming:
         return CheckFinding(
             "replication",
-            "ok",
-            "no standby streams from this server (if it fails, nothing takes over by itself)",
+            "warn",
+            "no standby streams from this server: no failover possible (if it fails, nothing "
+            "takes over and leases wait until it is back)" + tail,
         )
-    modes = [mode or "unknown" for _, mode in standbys]
+    modes = [s.sync_state or "unknown" for s in streaming]
     described = ", ".join(
-        f"{name or '?'} ({mode})" for (name, _), mode in zip(standbys, modes, strict=True)
+        f"{s.name or '?'} ({mode})" for s, mode in zip(streaming, modes, strict=True)
     )
     if any(mode in ("sync", "quorum") for mode in modes):
         return CheckFinding(
             "replication",
-            "ok",
+            "warn" if notes else "ok",
             f"standbys: {described}; replication is synchronous, so checkpoints acknowledged "
-            "with synchronous_commit on (or remote_*) survive a failover",
+            "with synchronous_commit on (or remote_*) survive a failover" + tail,
         )
     if all(mode == "unknown" for mode in modes):
         return CheckFinding(
             "replication",
             "warn",
             f"standbys: {described}; this role cannot see whether replication is synchronous "
-            "(grant pg_read_all_stats to see)",
+            "(grant pg_read_all_stats to see)" + tail,
         )
     return CheckFinding(
         "replication",
         "warn",
         f"standbys: {described}; replication is asynchronous, so checkpoints acknowledged "
         "shortly before a failover may be lost (fencing tokens stay unique: ADR-0008); set "
-        "synchronous_standby_names for durable checkpoints",
+        "synchronous_standby_names for durable checkpoints" + tail,
     )
 
 
-def judge_timeouts(settings: dict[str, float], ttl: float) -> CheckFinding:
-    """Server timeouts in seconds (0 = off) against the lease TTL."""
-    problems: list[str] = []
-    idle = settings.get("idle_session_timeout", 0.0)
-    if 0 < idle < ttl:
-        problems.append(
-            f"idle_session_timeout ({format_duration(idle)}) is shorter than the TTL "
-            f"({format_duration(ttl)}): idle pooled connections are cut between renewals"
+# -- where a setting comes from ---------------------------------------------------------------
+
+
+SETTING_LEVELS = ("database user", "user", "database", "global")
+"""The levels of ``pg_db_role_setting``, most specific first (the order PostgreSQL applies
+them in, the first one found wins); ``pg_settings.source`` names them the same way."""
+SERVER_SOURCE = "server"
+"""A session value set by none of the role, database or connection levels: the server's
+configuration (``postgresql.conf``, ``ALTER SYSTEM`` or its command line)."""
+
+
+def ident(name: str) -> str:
+    """``name`` as an SQL identifier (quoted unless it is a plain lower-case name)."""
+    if re.fullmatch(r"[a-z_][a-z0-9_$]*", name):
+        return name
+    return '"' + name.replace('"', '""') + '"'
+
+
+def describe_source(source: str | None, role: str, database: str) -> str | None:
+    """Where a session's setting came from, as a phrase (``None``: the built-in default).
+    ``source`` is what ``pg_settings.source`` says (or :func:`derive_source` found)."""
+    if source in (None, "default"):
+        return None
+    phrases = {
+        "user": f"set for role {role!r}",
+        "database": f"set for database {database!r}",
+        "database user": f"set for role {role!r} in database {database!r}",
+        "global": "set for all roles (ALTER ROLE ALL)",
+        "configuration file": "set in the server's configuration",
+        SERVER_SOURCE: "set in the server's configuration",
+        "command line": "set on the server's command line",
+        "environment variable": "set in the server's environment",
+        "client": "set in this connection's options, from the DSN or PGOPTIONS",
+        "session": "set in the session (by a pooler's connect_query, or a SET)",
+        "override": "forced by the server",
+    }
+    return phrases.get(str(source), f"set at level {source!r}")
+
+
+def undo_hint(name: str, source: str | None, role: str, database: str) -> str | None:
+    """The statement (or step) that takes ``name`` back at its level."""
+    hints = {
+        "user": f"ALTER ROLE {ident(role)} RESET {name}",
+        "database": f"ALTER DATABASE {ident(database)} RESET {name}",
+        "database user": f"ALTER ROLE {ident(role)} IN DATABASE {ident(database)} RESET {name}",
+        "global": f"ALTER ROLE ALL RESET {name}",
+        "configuration file": f"ALTER SYSTEM RESET {name} (or edit postgresql.conf) and reload",
+        SERVER_SOURCE: f"ALTER SYSTEM RESET {name} (or edit postgresql.conf) and reload",
+        "client": f"drop -c {name}=... from the connection's options",
+    }
+    return hints.get(str(source))
+
+
+def client_options(options: str) -> dict[str, str]:
+    """The settings in a libpq ``options`` string (``-c name=value``, ``-cname=value``,
+    ``--name=value``; a backslash escapes a space)."""
+    tokens = [t.replace("\\ ", " ") for t in re.findall(r"(?:\\.|\S)+", options)]
+    found: dict[str, str] = {}
+    index = 0
+    while index < len(tokens):
+        token = tokens[index]
+        index += 1
+        if token == "-c" and index < len(tokens):
+            pair = tokens[index]
+            index += 1
+        elif token.startswith(("--", "-c")):
+            pair = token[2:]
+        else:
+            continue
+        name, equals, value = pair.partition("=")
+        if equals:
+            found[name.strip().lower().replace("-", "_")] = value
+    return found
+
+
+def setting_levels(rows: Sequence[tuple[str, str]]) -> dict[str, dict[str, str]]:
+    """``pg_db_role_setting`` rows that apply to this session, as ``(level, "name=value")``,
+    by level."""
+    levels: dict[str, dict[str, str]] = {}
+    for level, pair in rows:
+        name, _, value = str(pair).partition("=")
+        levels.setdefault(str(level), {})[name.lower()] = value
+    return levels
+
+
+def derive_source(name: str, options: dict[str, str], levels: dict[str, dict[str, str]]) -> str:
+    """Where the value a session started with came from, once the session has changed it
+    (``pg_settings`` then says ``session``): the connection's options override the role and
+    database levels, which override the server's configuration."""
+    if name in options:
+        return "client"
+    for level in SETTING_LEVELS:
+        if name in levels.get(level, {}):
+            return level
+    return SERVER_SOURCE
+
+
+# -- writes ---------------------------------------------------------------------------------
+
+
+def judge_writes(
+    default_read_only: str | None,
+    transaction_read_only: str | None,
+    source: str | None,
+    role: str,
+    database: str,
+    refused: str | None = None,
+    tried: bool = True,
+) -> CheckFinding:
+    """Can this session write: ``default_transaction_read_only`` (and where it is set),
+    ``transaction_read_only``, and the error of a write tried in a rolled-back transaction
+    (``refused``; ``tried`` is false when there was no table to try it on)."""
+    if (default_read_only or "").lower() == "on":
+        where = describe_source(source, role, database) or "set"
+        undo = undo_hint("default_transaction_read_only", source, role, database)
+        return CheckFinding(
+            "writes",
+            "fail",
+            f"default_transaction_read_only is on ({where}): every acquire, renewal and "
+            "checkpoint is refused ('cannot execute ... in a read-only transaction')"
+            + (f"; {undo}" if undo else ""),
         )
-    statement = settings.get("statement_timeout", 0.0)
-    if 0 < statement < 1.0:
-        problems.append(
-            f"statement_timeout ({format_duration(statement)}) may cut a waiting acquire or a "
-            "checkpoint under load"
+    if (transaction_read_only or "").lower() == "on":
+        return CheckFinding(
+            "writes",
+            "fail",
+            "transaction_read_only is on in this session (a hot standby, or the route makes "
+            "sessions read-only): every acquire, renewal and checkpoint fails",
         )
-    described = ", ".join(
-        f"{name}={format_duration(value) if value else 'off'}" for name, value in settings.items()
+    if refused is not None:
+        return CheckFinding("writes", "fail", f"a write to {TABLE} was refused: {refused}")
+    if not tried:
+        return CheckFinding(
+            "writes", "ok", f"default_transaction_read_only is off (no {TABLE} to try a write on)"
+        )
+    return CheckFinding(
+        "writes",
+        "ok",
+        f"default_transaction_read_only is off and a write to {TABLE} is accepted "
+        "(tried in a rolled-back transaction)",
     )
-    if problems:
-        return CheckFinding("timeouts", "warn", "; ".join(problems))
-    return CheckFinding("timeouts", "ok", f"{described} (TTL {format_duration(ttl)})")
+
+
+# -- timeouts -------------------------------------------------------------------------------
+
+
+TIMEOUT_FLOOR = 1.0
+"""Seconds below which a statement or lock timeout may cut worklease's own work under load."""
+CANCEL_FLOOR = 0.1
+"""Seconds below which a statement or transaction timeout cancels worklease's statements
+routinely (an acquire takes about a millisecond on an idle server, far more under load; at
+1 ms, most acquires are cancelled)."""
+
+
+def judge_timeouts(
+    settings: dict[str, float], ttl: float, sources: dict[str, str] | None = None
+) -> CheckFinding:
+    """Server timeouts in seconds (0 = off) against the lease TTL; ``sources`` says where
+    each one is set (phrases of :func:`describe_source`). Every timeout below the TTL is
+    named with its value (and where it is set); those that may cut worklease's own work
+    warn, those that cancel it routinely fail."""
+    sources = sources or {}
+    fatal: list[str] = []
+    risks: list[str] = []
+    below: list[str] = []
+    others: list[str] = []
+    for name, value in settings.items():
+        if not 0 < value < ttl:
+            others.append(f"{name}={format_duration(value) if value else 'off'}")
+            continue
+        where = sources.get(name)
+        label = f"{name}={format_duration(value)}" + (f" ({where})" if where else "")
+        if name in ("statement_timeout", "transaction_timeout") and value < CANCEL_FLOOR:
+            fatal.append(
+                f"{label} cancels worklease's own statements routinely (acquires, "
+                "checkpoints, releases): raise it to seconds, or 0"
+            )
+        elif name == "idle_session_timeout":
+            risks.append(f"{label} cuts idle pooled connections between renewals")
+        elif name == "idle_in_transaction_session_timeout":
+            risks.append(f"{label} ends a lease.transaction() step that pauses longer")
+        elif name == "transaction_timeout":
+            risks.append(f"{label} cuts a lease.transaction() step before its lease window ends")
+        elif name == "statement_timeout" and value < TIMEOUT_FLOOR:
+            risks.append(f"{label} may cut a waiting acquire or a checkpoint under load")
+        elif name == "lock_timeout" and value < TIMEOUT_FLOOR:
+            risks.append(f"{label} fails an acquire or checkpoint that meets a renewal's row lock")
+        else:
+            below.append(label)
+    parts = (
+        fatal
+        + risks
+        + [
+            f"{label} is below the TTL: worklease bounds its own statements, the application's "
+            "own statements on this DSN are cut at it"
+            for label in below
+        ]
+    )
+    context = f"TTL {format_duration(ttl)}" + (f"; {', '.join(others)}" if others and parts else "")
+    if not parts:
+        return CheckFinding("timeouts", "ok", f"{', '.join(others)} ({context})")
+    status: Status = "fail" if fatal else "warn" if risks else "ok"
+    return CheckFinding("timeouts", status, "; ".join(parts) + f" ({context})")
+
+
+def relaxing(values: dict[str, str | None]) -> dict[str, str]:
+    """The settings ``check`` changes in its own session before asking anything else, so a
+    role's tiny timeout does not cancel its questions: each one that is set and shorter than
+    the value here (``0``: off)."""
+    targets = {"statement_timeout": "30s", "transaction_timeout": "30s"}
+    changes: dict[str, str] = {}
+    for name, target in targets.items():
+        seconds = seconds_setting(values.get(name) or "0")
+        if 0 < seconds < seconds_setting(target):
+            changes[name] = target
+    if seconds_setting(values.get("idle_session_timeout") or "0") > 0:
+        changes["idle_session_timeout"] = "0"
+    return changes
 
 
 def seconds_setting(value: str) -> float:
@@ -216,8 +466,14 @@ def seconds_setting(value: str) -> float:
 
 
 def check_arguments(
-    conninfo: object, schema: object, listen_dsn: object, ttl: object, probe_timeout: object
-) -> tuple[str, str | None, str | None, float, float]:
+    conninfo: object,
+    schema: object,
+    listen_dsn: object,
+    ttl: object,
+    probe_timeout: object,
+    pool_size: object = DEFAULT_POOL_SIZE,
+    processes: object = 1,
+) -> tuple[str, str | None, str | None, float, float, int, int]:
     """The arguments of ``check_postgres``, validated before any I/O (``ConfigError``)."""
     if not isinstance(conninfo, str):
         raise ConfigError(f"conninfo must be a string, got {type(conninfo).__name__}")
@@ -235,7 +491,15 @@ def check_arguments(
         check_listen_dsn(listen_dsn, True),
         check_ttl(ttl),
         float(probe_timeout),
+        _count("pool_size", pool_size),
+        _count("processes", processes),
     )
+
+
+def _count(name: str, value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_COUNT:
+        raise ConfigError(f"{name} must be a whole number in [1, {MAX_COUNT}], got {value!r}")
+    return value
 
 
 def missing_table(schema: str | None) -> CheckFinding:
@@ -290,14 +554,399 @@ def judge_listener(name: str, route: str, listening: bool, reason: str | None) -
     )
 
 
+# -- hosts of a multi-host DSN --------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class HostAnswer:
+    """One host of a multi-host DSN, asked on its own."""
+
+    host: str
+    """``host:port``, as the DSN names it."""
+    primary: bool | None
+    """``pg_is_in_recovery()`` is false (``None``: the host did not answer)."""
+    identity: tuple[object, ...] | None = None
+    """What tells servers apart (system identifier, postmaster start time): one server
+    listed under two names answers with the same one."""
+    error: str | None = None
+
+
+def host_dsns(conninfo: str, environ: Mapping[str, str]) -> list[tuple[str, str]]:
+    """Each host of a multi-host DSN (``host=a,b port=p1,p2`` or ``postgresql://a:p1,b:p2/``)
+    as ``(label, dsn)``, the DSN reaching that host alone (``target_session_attrs=any``);
+    ``[]`` for a DSN with one host. libpq's ``PGHOST``/``PGHOSTADDR``/``PGPORT`` fill in what
+    the DSN leaves out."""
+    try:
+        params = conninfo_to_dict(conninfo)
+    except psycopg.ProgrammingError:
+        return []
+    hosts = str(params.get("host") or environ.get("PGHOST") or "")
+    addrs = str(params.get("hostaddr") or environ.get("PGHOSTADDR") or "")
+    ports = str(params.get("port") or environ.get("PGPORT") or "")
+    host_list = hosts.split(",") if hosts else []
+    addr_list = addrs.split(",") if addrs else []
+    count = max(len(host_list), len(addr_list))
+    if count < 2 or (host_list and addr_list and len(host_list) != len(addr_list)):
+        return []
+    port_list = ports.split(",")
+    if len(port_list) == 1:
+        port_list *= count
+    if len(port_list) != count:
+        return []
+    default_port = environ.get("PGPORT") or "5432"
+    params.pop("load_balance_hosts", None)
+    found: list[tuple[str, str]] = []
+    for index in range(count):
+        host = host_list[index] if host_list else ""
+        addr = addr_list[index] if addr_list else ""
+        port = port_list[index]
+        one = {k: v for k, v in params.items() if k not in ("host", "hostaddr", "port")}
+        one.update({k: v for k, v in (("host", host), ("hostaddr", addr), ("port", port)) if v})
+        one["target_session_attrs"] = "any"
+        found.append(
+            (f"{host or addr or 'localhost'}:{port or default_port}", make_conninfo("", **one))
+        )
+    return found
+
+
+def session_attrs(conninfo: str, environ: Mapping[str, str]) -> str:
+    """The DSN's ``target_session_attrs`` (libpq's ``PGTARGETSESSIONATTRS``, else ``any``)."""
+    try:
+        params = conninfo_to_dict(conninfo)
+    except psycopg.ProgrammingError:
+        params = {}
+    return str(params.get("target_session_attrs") or environ.get("PGTARGETSESSIONATTRS") or "any")
+
+
+def judge_hosts(answers: Sequence[HostAnswer], reached: str | None, attrs: str) -> CheckFinding:
+    """Every host of a multi-host DSN on its own: exactly one primary, and a DSN route that
+    only ever reaches a primary (``reached``: the host the DSN itself connected to)."""
+    primaries: list[HostAnswer] = []
+    same: list[str] = []
+    for answer in answers:
+        if not answer.primary:
+            continue
+        twin = next(
+            (p for p in primaries if answer.identity is not None and p.identity == answer.identity),
+            None,
+        )
+        if twin is None:
+            primaries.append(answer)
+        else:
+            same.append(f"{twin.host} and {answer.host} are one server")
+    listed = ", ".join(
+        f"{a.host} {'primary' if a.primary else 'standby' if a.primary is False else 'unreachable'}"
+        for a in answers
+    )
+    route = f"this DSN (target_session_attrs={attrs}) reaches {reached or 'no host'}"
+    if len(primaries) > 1:
+        names = " and ".join(p.host for p in primaries)
+        every = "both" if len(primaries) == 2 else "all"
+        return CheckFinding(
+            "hosts",
+            "fail",
+            f"split brain: {names} {every} answer as primary (pg_is_in_recovery() is false): "
+            "holders reaching different ones can hold the same work ID at once; demote or stop "
+            f"all but one; {route}",
+        )
+    if not primaries:
+        return CheckFinding(
+            "hosts", "fail", f"no host answers as primary ({listed}): worklease needs one; {route}"
+        )
+    if attrs in ("read-only", "standby", "prefer-standby"):
+        return CheckFinding(
+            "hosts",
+            "fail",
+            f"target_session_attrs={attrs} prefers a standby, but worklease writes: use "
+            f"target_session_attrs=read-write ({listed}; {route})",
+        )
+    notes = [f"{a.host} did not answer ({a.error})" for a in answers if a.primary is None]
+    if attrs not in ("read-write", "primary"):
+        notes.append(
+            f"target_session_attrs={attrs} takes the first host that answers, a standby too "
+            "(after a failover, the old primary's standby): add target_session_attrs=read-write"
+        )
+    detail = "; ".join([listed, *same, route, *notes])
+    return CheckFinding("hosts", "warn" if notes else "ok", detail)
+
+
+# -- connections ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ServerLimits:
+    """What caps the server connections of this role on this database."""
+
+    max_connections: int
+    reserved: int
+    """``superuser_reserved_connections``."""
+    role: str
+    role_limit: int = -1
+    """The role's ``CONNECTION LIMIT`` (-1: none)."""
+    database: str = ""
+    database_limit: int = -1
+    in_use: int | None = None
+    role_reserved: int = 0
+    """``reserved_connections`` (PostgreSQL 16: for roles with pg_use_reserved_connections)."""
+
+
+@dataclass(frozen=True)
+class BouncerPool:
+    """PgBouncer's pool for this database and user, from its admin console."""
+
+    database: str
+    pool_mode: str
+    pool_size: int
+    reserve_pool: int = 0
+    max_db_connections: int = 0
+    """0: no limit."""
+    max_user_connections: int = 0
+    max_client_conn: int = 0
+
+
+def bouncer_pool(
+    databases: Sequence[Mapping[str, Any]],
+    config: Mapping[str, str],
+    users: Sequence[Mapping[str, Any]],
+    database: str,
+    user: str,
+) -> BouncerPool:
+    """The pool serving ``database`` for ``user``, from PgBouncer's ``SHOW DATABASES``,
+    ``SHOW CONFIG`` (key to value) and ``SHOW USERS`` rows (as dicts by column name)."""
+
+    def number(value: Any, default: int = 0) -> int:
+        try:
+            return int(value)
+        except (TypeError, ValueError):
+            return default
+
+    row = next((r for r in databases if r.get("name") == database), None)
+    row = row or next((r for r in databases if r.get("name") == "*"), None) or {}
+    mine = next((u for u in users if u.get("name") == user), None) or {}
+    mode = mine.get("pool_mode") or row.get("pool_mode") or config.get("pool_mode") or "session"
+    size = number(row.get("pool_size"), -1)
+    if size < 0:
+        size = number(config.get("default_pool_size"), 20)
+    reserve = number(row.get("reserve_pool"), -1)
+    if reserve < 0:
+        reserve = number(config.get("reserve_pool_size"))
+    per_user = number(mine.get("max_user_connections"), 0) or number(
+        config.get("max_user_connections")
+    )
+    return BouncerPool(
+        database=database,
+        pool_mode=str(mode),
+        pool_size=size,
+        reserve_pool=reserve,
+        max_db_connections=number(row.get("max_connections"))
+        or number(config.get("max_db_connections")),
+        max_user_connections=per_user,
+        max_client_conn=number(config.get("max_client_conn")),
+    )
+
+
+def sizing_rule(pool_size: int, processes: int) -> tuple[int, str]:
+    """How many connections ``processes`` processes open at most, and the rule as words."""
+    each = connections_per_backend(pool_size)
+    need = each * processes
+    unit = "process" if processes == 1 else "processes"
+    return need, (
+        f"{need} connections for {processes} {unit} ({each} each: pool max_size {pool_size} "
+        f"+ {RENEWAL_POOL_SIZE} renewal + {DIRECT_SLOTS} direct + {LISTENER_CONNECTIONS} "
+        "listener)"
+    )
+
+
+def judge_connections(
+    pool_size: int,
+    processes: int,
+    server: ServerLimits | None,
+    bouncer: BouncerPool | None = None,
+    proxy: str | None = None,
+) -> CheckFinding:
+    """Will the connections of ``processes`` processes, each with an application pool of
+    ``pool_size``, fit: in PgBouncer's pool for this database (``bouncer``), else in what
+    the server allows this role (``server``). ``proxy`` says a proxy whose settings cannot
+    be read is in between (then the server's limits are all there is to compare with)."""
+    need, rule = sizing_rule(pool_size, processes)
+    if bouncer is not None:
+        return _judge_bouncer(need, rule, bouncer)
+    if server is None:
+        return CheckFinding(
+            "connections", "warn", f"{rule}: could not read the server's connection limits"
+        )
+    capacity = server.max_connections - server.reserved - server.role_reserved
+    binding = (
+        f"max_connections {server.max_connections}"
+        + (f" - superuser_reserved_connections {server.reserved}" if server.reserved else "")
+        + (f" - reserved_connections {server.role_reserved}" if server.role_reserved else "")
+    )
+    if 0 <= server.role_limit < capacity:
+        capacity, binding = server.role_limit, f"CONNECTION LIMIT of role {server.role!r}"
+    if 0 <= server.database_limit < capacity:
+        capacity = server.database_limit
+        binding = f"CONNECTION LIMIT of database {server.database!r}"
+    in_use = f", {server.in_use} in use now" if server.in_use is not None else ""
+    allows = f"the {capacity} the server allows ({binding}{in_use})"
+    if need > capacity:
+        status: Status = "fail"
+        verdict = (
+            f"{rule} exceed {allows}: connections beyond it are refused; raise the limit, or "
+            "lower the pool size or the processes"
+        )
+    elif need > NEAR_CAPACITY * capacity:
+        status, verdict = "warn", f"{rule}: near {allows}"
+    else:
+        status, verdict = "ok", f"{rule}, within {allows}"
+    if proxy is not None:
+        # what the proxy allows is unknown: never ok, and its sizing rule said
+        return CheckFinding(
+            "connections",
+            "fail" if status == "fail" else "warn",
+            f"{proxy}; in session mode its pool for this database needs {need} server "
+            f"connections: {verdict}",
+        )
+    return CheckFinding("connections", status, verdict)
+
+
+def _judge_bouncer(need: int, rule: str, pool: BouncerPool) -> CheckFinding:
+    where = f"its pool for database {pool.database!r}"
+    clients = ""
+    if pool.max_client_conn and need > pool.max_client_conn:
+        clients = (
+            f"; they exceed max_client_conn {pool.max_client_conn}: PgBouncer refuses the rest"
+        )
+    if pool.pool_mode != "session":
+        return CheckFinding(
+            "connections",
+            "fail" if clients else "ok",
+            f"PgBouncer in {pool.pool_mode} mode: {rule} share {where} of "
+            f"{pool.pool_size} server connections (a client holds one only for a transaction)"
+            + clients,
+        )
+    capacity = pool.pool_size + pool.reserve_pool
+    caps = [c for c in (pool.max_db_connections, pool.max_user_connections) if c > 0]
+    capacity = min([capacity, *caps])
+    size = f"{pool.pool_size}" + (f" (+{pool.reserve_pool} reserve)" if pool.reserve_pool else "")
+    if caps and min(caps) < pool.pool_size + pool.reserve_pool:
+        size += f", capped at {min(caps)} by max_db_connections/max_user_connections"
+    if need > capacity:
+        return CheckFinding(
+            "connections",
+            "fail",
+            f"PgBouncer in session mode gives each client connection a server connection of "
+            f"its own, and {where} has {size}: {rule} do not fit, so renewals and releases "
+            f"wait for one and time out; raise PgBouncer's default_pool_size (or pool_size= of "
+            f"this database) to {need} or more, or give each process a smaller pool" + clients,
+        )
+    if clients:
+        return CheckFinding(
+            "connections", "fail", f"PgBouncer in session mode, {where} has {size}: {rule}{clients}"
+        )
+    if need > pool.pool_size or need > NEAR_CAPACITY * capacity:
+        return CheckFinding(
+            "connections",
+            "warn",
+            f"PgBouncer in session mode, {where} has {size}: {rule} are near its limit"
+            + (
+                "; beyond pool_size clients wait reserve_pool_timeout"
+                if need > pool.pool_size
+                else ""
+            ),
+        )
+    return CheckFinding(
+        "connections",
+        "ok",
+        f"PgBouncer in session mode: {rule}, within {where} of {size} server connections",
+    )
+
+
+def pgbouncer_unreadable(user: str, error: str) -> str:
+    """What to say of a proxy whose admin console did not answer ``user``."""
+    if "not allowed" in error:
+        return (
+            f"PgBouncer is in between and its admin console refuses user {user!r} (add it to "
+            "stats_users to let check read the pool)"
+        )
+    return f"a proxy is in between and its pool settings cannot be read ({error})"
+
+
+# -- the DSN's password never shows ---------------------------------------------------------
+
+
+def secrets(*dsns: str | None) -> list[str]:
+    """The passwords in these DSNs."""
+    found: list[str] = []
+    for dsn in dsns:
+        if not dsn:
+            continue
+        try:
+            password = conninfo_to_dict(dsn).get("password")
+        except psycopg.ProgrammingError:
+            # unparsable: the value after password= (quoted, or up to a space), and the
+            # password of a URI's user:password@
+            quoted = re.search(r"password\s*=\s*(?:'((?:[^'\\]|\\.)*)'|(\S+))", dsn)
+            password = (quoted.group(1) or quoted.group(2)) if quoted else None
+            uri = re.match(r"\w+://[^:/@]*:([^@/]+)@", dsn)
+            if uri:
+                found.append(uri.group(1))
+        if password:
+            found.append(str(password))
+    return found
+
+
+def redact(findings: Sequence[CheckFinding], hidden: Sequence[str]) -> CheckReport:
+    """The report, every password in ``hidden`` replaced by ``***`` wherever it shows."""
+
+    def scrub(text: str) -> str:
+        for secret in sorted(hidden, key=len, reverse=True):
+            text = text.replace(secret, "***")
+        return text
+
+    return CheckReport([replace(f, detail=scrub(f.detail)) for f in findings])
+
+
 TIMEOUT_SETTINGS = (
     "statement_timeout",
+    "lock_timeout",
     "idle_in_transaction_session_timeout",
     "idle_session_timeout",
+    "transaction_timeout",
 )
-TIMEOUT_QUERY = b"SELECT setting || coalesce(unit, '') FROM pg_settings WHERE name = %s"
+"""The server timeouts compared with the TTL (``transaction_timeout`` from PostgreSQL 17)."""
+SESSION_SETTINGS = (*TIMEOUT_SETTINGS, "default_transaction_read_only", "transaction_read_only")
+SESSION_QUERY = (
+    b"SELECT "
+    + b", ".join(b"current_setting('%s', true)" % name.encode() for name in SESSION_SETTINGS)
+    + b", pg_backend_pid(), inet_server_port(), session_user, current_database()"
+)
+"""The session's settings as it started (nothing cheaper to ask: ``pg_settings`` takes
+longer than a 1 ms ``statement_timeout``), its server process and port, role and database."""
+SOURCES_QUERY = b"SELECT name, source FROM pg_settings WHERE name = ANY(%s)"
+LEVELS_QUERY = (
+    b"SELECT CASE WHEN setdatabase <> 0 AND setrole <> 0 THEN 'database user' "
+    b"WHEN setrole <> 0 THEN 'user' WHEN setdatabase <> 0 THEN 'database' ELSE 'global' END, "
+    b"unnest(setconfig) FROM pg_db_role_setting "
+    b"WHERE setdatabase IN (0, (SELECT oid FROM pg_database WHERE datname = current_database())) "
+    b"AND setrole IN (0, (SELECT oid FROM pg_roles WHERE rolname = session_user))"
+)
+"""The ``ALTER ROLE`` / ``ALTER DATABASE`` settings that apply to this session, by level."""
 COLUMNS_QUERY = (
     b"SELECT attname, format_type(atttypid, atttypmod) FROM pg_attribute "
     b"WHERE attrelid = %s AND attnum > 0 AND NOT attisdropped"
 )
-REPLICATION_QUERY = b"SELECT application_name, sync_state FROM pg_stat_replication"
+REPLICATION_QUERY = (
+    b"SELECT r.application_name, r.sync_state, r.state, s.slot_type FROM pg_stat_replication r "
+    b"LEFT JOIN pg_replication_slots s ON s.active_pid = r.pid"
+)
+SLOTS_QUERY = b"SELECT slot_name FROM pg_replication_slots WHERE NOT active ORDER BY slot_name"
+HOST_QUERY = b"SELECT pg_is_in_recovery(), pg_postmaster_start_time()"
+IDENTITY_QUERY = b"SELECT system_identifier FROM pg_control_system()"
+LIMITS_QUERY = (
+    b"SELECT current_setting('max_connections')::int, "
+    b"current_setting('superuser_reserved_connections')::int, "
+    b"(SELECT rolconnlimit FROM pg_roles WHERE rolname = session_user), "
+    b"(SELECT datconnlimit FROM pg_database WHERE datname = current_database()), "
+    b"(SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'client backend'), "
+    b"coalesce(current_setting('reserved_connections', true), '0')::int"
+)

@@ -1,14 +1,19 @@
 # Generated from tests/_async/test_check.py by scripts/unasync.py -- do not edit.
 # Change the async source and run "python scripts/unasync.py".
 
-"""``check_postgres`` (``worklease check``) against real servers: direct, behind PgBouncer,
-and with the schema missing. The judgements on their own are in ``tests/unit``."""
+"""``check_postgres`` (``worklease check``) against real servers: direct, behind PgBouncer
+(transaction and session mode), with the schema missing, as a read-only role and a role with a
+tiny ``statement_timeout``, and on a multi-host DSN naming two primaries. The judgements on
+their own are in ``tests/unit``."""
 
 from __future__ import annotations
 
+import contextlib
+import uuid
 from collections.abc import Iterator
 
 import pytest
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from tests import pg
 from worklease import CheckReport, ConfigError, check_postgres
@@ -19,11 +24,13 @@ NAMES = [
     "connection",
     "schema",
     "isolation",
+    "writes",
     "clock",
     "synchronous_commit",
     "replication",
     "timeouts",
     "pooler",
+    "connections",
     "listen",
 ]
 
@@ -32,12 +39,37 @@ def statuses(report: CheckReport) -> dict[str, str]:
     return {f.name: f.status for f in report.findings}
 
 
-def test_a_direct_connection_to_a_ready_database_is_clean(postgres_dsn: str) -> None:
+@contextlib.contextmanager
+def role(dsn: str, setting: str) -> Iterator[tuple[str, str]]:
+    """A login role that may use the lease table of ``dsn``'s database, with ``ALTER ROLE
+    ... SET setting``; yields its name and its DSN; dropped afterwards."""
+    name = f"worklease_check_{uuid.uuid4().hex[:10]}"
+    password = uuid.uuid4().hex
+    pg.execute(dsn, f"CREATE ROLE {name} LOGIN PASSWORD '{password}'")
+    try:
+        pg.execute(dsn, f"GRANT SELECT, INSERT, UPDATE, DELETE ON worklease_leases TO {name}")
+        pg.execute(dsn, f"GRANT USAGE ON SEQUENCE worklease_fencing_seq TO {name}")
+        pg.execute(dsn, f"ALTER ROLE {name} SET {setting}")
+        yield name, make_conninfo(dsn, user=name, password=password)
+    finally:
+        pg.execute(dsn, f"DROP OWNED BY {name}")
+        pg.execute(dsn, f"DROP ROLE {name}")
+
+
+def test_a_ready_primary_without_a_standby_is_ok_but_warns_no_failover_is_possible(
+    postgres_dsn: str,
+) -> None:
+    standbys = pg.execute(postgres_dsn, "SELECT count(*) FROM pg_stat_replication")
+    assert standbys == [(0,)], "the test server is expected to have no standby"
     report = check_postgres(postgres_dsn, probe_timeout=2.0)
     assert [f.name for f in report.findings] == NAMES
-    assert statuses(report) == dict.fromkeys(NAMES, "ok"), report.findings
+    expected = {**dict.fromkeys(NAMES, "ok"), "replication": "warn"}
+    assert statuses(report) == expected, report.findings
+    assert "no failover possible" in report["replication"].detail
     assert report.ok
-    assert report.clean
+    assert not report.clean
+    assert "a write to worklease_leases is accepted" in report["writes"].detail
+    assert "12 connections for 1 process" in report["connections"].detail
     assert "handoff is instant" in report["listen"].detail
     assert report.to_dict()["findings"][0]["name"] == "connection"
 
@@ -53,8 +85,127 @@ def test_behind_transaction_pooling_the_pooler_and_listener_warn(
     assert "fall back to polling" in report["listen"].detail
     assert found["listen_dsn"] == "ok"  # the direct route works
     assert found["schema"] == "ok"
+    # this PgBouncer has no admin_users: its pool cannot be read, the rule is said instead
+    assert found["connections"] == "warn"
+    assert "admin console refuses user" in report["connections"].detail
+    assert "needs 12 server connections" in report["connections"].detail
     assert report.ok
     assert not report.clean
+
+
+@pytest.fixture(scope="module")
+def session_pgbouncer(postgres_server: str) -> Iterator[pg.PgBouncer]:
+    """A PgBouncer in session mode (default pool size 20) whose admin console lets the test
+    user read its settings."""
+    user = str(conninfo_to_dict(postgres_server).get("user") or "postgres")
+    bouncer = pg.PgBouncer(postgres_server, pool_mode="session", admin_users=user)
+    try:
+        bouncer.start()
+    except pg.Unavailable as exc:
+        pytest.skip(f"PgBouncer unavailable: {exc}")  # CI=true counts the skip as a failure
+    try:
+        yield bouncer
+    finally:
+        bouncer.stop()
+
+
+def test_behind_pgbouncer_in_session_mode_a_pool_of_20_does_not_fit_its_default_pool(
+    postgres_dsn: str, session_pgbouncer: pg.PgBouncer
+) -> None:
+    routed = session_pgbouncer.route(postgres_dsn)
+    database = conninfo_to_dict(postgres_dsn)["dbname"]
+    default = check_postgres(routed, probe_timeout=2.0)
+    assert default["connections"].status == "ok"
+    assert default["connections"].detail.startswith("PgBouncer in session mode: 12 connections")
+    assert default["pooler"].status == "ok"  # session pooling shares no sessions
+    twenty = check_postgres(routed, pool_size=20, probe_timeout=2.0)
+    finding = twenty["connections"]
+    assert finding.status == "fail"
+    assert f"its pool for database '{database}' has 20" in finding.detail
+    assert "28 connections for 1 process (28 each: pool max_size 20 + 4 renewal" in finding.detail
+    assert not twenty.ok
+
+
+def test_a_read_only_role_fails_naming_the_setting_and_the_role(postgres_dsn: str) -> None:
+    with role(postgres_dsn, "default_transaction_read_only = on") as (name, dsn):
+        report = check_postgres(dsn, probe_timeout=2.0)
+    writes = report["writes"]
+    assert writes.status == "fail"
+    assert writes.detail.startswith(f"default_transaction_read_only is on (set for role '{name}')")
+    assert f"ALTER ROLE {name} RESET default_transaction_read_only" in writes.detail
+    assert report["schema"].status == "ok"
+    assert not report.ok
+
+
+def test_a_read_only_database_fails_naming_the_database(postgres_server: str) -> None:
+    with pg.fresh_database(postgres_server) as dsn:
+        database = conninfo_to_dict(dsn)["dbname"]
+        pg.execute(dsn, f"ALTER DATABASE {database} SET default_transaction_read_only = on")
+        report = check_postgres(dsn, probe_timeout=2.0)
+    writes = report["writes"]
+    assert writes.status == "fail"
+    assert f"(set for database '{database}')" in writes.detail
+    assert f"ALTER DATABASE {database} RESET default_transaction_read_only" in writes.detail
+
+
+def test_a_role_s_1ms_statement_timeout_is_named_and_the_check_still_answers(
+    postgres_dsn: str,
+) -> None:
+    with role(postgres_dsn, "statement_timeout = '1ms'") as (name, dsn):
+        report = check_postgres(dsn, probe_timeout=2.0)
+    assert not [f for f in report.findings if "could not check" in f.detail], report.findings
+    timeouts = report["timeouts"]
+    assert timeouts.status == "fail"
+    assert timeouts.detail.startswith(
+        f"statement_timeout=1ms (set for role '{name}') cancels worklease's own statements"
+    )
+    assert "TTL 30s" in timeouts.detail
+    found = statuses(report)
+    assert (found["schema"], found["writes"], found["connections"]) == ("ok", "ok", "ok")
+
+
+@pytest.fixture(scope="module")
+def second_primary(postgres_server: str) -> Iterator[str]:
+    """A private cluster, a primary of its own (as a promoted standby is after a failover
+    whose old primary came back), reachable with the test server's user and database;
+    yields its ``host:port``."""
+    bindir = pg.find_bindir()
+    if bindir is None:
+        pytest.fail("no PostgreSQL server binaries for a second primary", pytrace=False)
+    cluster = pg.ThrowawayCluster(bindir)
+    try:
+        cluster.start()
+        params = conninfo_to_dict(postgres_server)
+        user, database = params.get("user") or "postgres", params.get("dbname") or "postgres"
+        if user != "postgres":
+            pg.execute(cluster.dsn, f'CREATE ROLE "{user}" LOGIN SUPERUSER')
+        if database != "postgres":
+            pg.execute(cluster.dsn, f'CREATE DATABASE "{database}"')
+        yield f"127.0.0.1:{cluster.port}"
+    finally:
+        cluster.stop()
+
+
+def test_two_primaries_in_a_multi_host_dsn_fail_as_a_split_brain(
+    postgres_server: str, second_primary: str
+) -> None:
+    host, port = pg.address(postgres_server)
+    other_host, other_port = second_primary.split(":")
+    dsn = make_conninfo(
+        postgres_server,
+        host=f"{host},{other_host}",
+        port=f"{port},{other_port}",
+        target_session_attrs="read-write",
+    )
+    report = check_postgres(dsn, probe_timeout=2.0)
+    assert [f.name for f in report.findings][:2] == ["connection", "hosts"]
+    hosts = report["hosts"]
+    assert hosts.status == "fail"
+    assert hosts.detail.startswith(
+        f"split brain: {host}:{port} and {second_primary} both answer as primary"
+    )
+    assert f"this DSN (target_session_attrs=read-write) reaches {host}:{port}" in hosts.detail
+    assert not report.ok
 
 
 @pytest.fixture
@@ -100,6 +251,8 @@ def test_an_unreachable_server_is_one_failed_finding() -> None:
         ({"probe_timeout": True}, "probe_timeout"),
         ({"schema": ""}, "schema"),
         ({"listen_dsn": "host='open"}, "listen_dsn"),
+        ({"pool_size": 0}, "pool_size"),
+        ({"processes": True}, "processes"),
     ],
 )
 def test_bad_arguments_raise_before_any_io(kwargs: dict[str, object], message: str) -> None:

@@ -2,20 +2,50 @@
 
 from __future__ import annotations
 
+import inspect
+
 import pytest
+from psycopg.conninfo import conninfo_to_dict
+from psycopg_pool import ConnectionPool
 
 from worklease._check import (
+    DEFAULT_POOL_SIZE,
+    BouncerPool,
+    CheckFinding,
+    HostAnswer,
+    ServerLimits,
+    Standby,
+    bouncer_pool,
+    check_arguments,
+    client_options,
+    derive_source,
+    describe_source,
     expected_columns,
+    host_dsns,
+    ident,
     judge_clock,
     judge_columns,
     judge_commit,
+    judge_connections,
+    judge_hosts,
     judge_isolation,
     judge_listener,
     judge_pooler,
     judge_replication,
     judge_timeouts,
+    judge_writes,
+    pgbouncer_unreadable,
+    redact,
+    relaxing,
     seconds_setting,
+    secrets,
+    session_attrs,
+    setting_levels,
+    sizing_rule,
+    undo_hint,
 )
+from worklease._pg import connections_per_backend
+from worklease.errors import ConfigError
 
 
 def test_expected_columns_come_from_the_schema_file() -> None:
@@ -69,15 +99,45 @@ def test_synchronous_commit(setting: str, status: str) -> None:
 
 def test_replication() -> None:
     assert judge_replication(True, []).status == "fail"
-    assert judge_replication(False, []).status == "ok"
-    asynchronous = judge_replication(False, [("standby1", "async")])
+    asynchronous = judge_replication(False, [Standby("standby1", "async")])
     assert asynchronous.status == "warn"
     assert "asynchronous" in asynchronous.detail
-    assert judge_replication(False, [("a", "async"), ("b", "sync")]).status == "ok"
-    assert judge_replication(False, [("a", "quorum")]).status == "ok"
-    hidden = judge_replication(False, [("a", None)])
+    assert judge_replication(False, [Standby("a", "async"), Standby("b", "sync")]).status == "ok"
+    assert judge_replication(False, [Standby("a", "quorum")]).status == "ok"
+    hidden = judge_replication(False, [Standby("a", None, None)])
     assert hidden.status == "warn"
     assert "pg_read_all_stats" in hidden.detail
+
+
+def test_a_primary_with_no_standby_warns_that_no_failover_is_possible() -> None:
+    finding = judge_replication(False, [])
+    assert finding.status == "warn"
+    assert "no failover possible" in finding.detail
+
+
+def test_base_backups_and_logical_subscribers_are_not_standbys() -> None:
+    walsenders = [
+        Standby("pg_basebackup", "async", "backup"),
+        Standby("subscription_1", "async", "streaming", "logical"),
+    ]
+    finding = judge_replication(False, walsenders)
+    assert finding.status == "warn"
+    assert "no failover possible" in finding.detail
+
+
+def test_a_standby_not_streaming_and_an_inactive_slot_warn_by_name() -> None:
+    catching_up = judge_replication(False, [Standby("a", "sync"), Standby("b", "async", "catchup")])
+    assert catching_up.status == "warn"
+    assert "b is connected but catchup, not streaming" in catching_up.detail
+    assert "replication is synchronous" in catching_up.detail  # a still streams synchronously
+    slot = judge_replication(False, [Standby("a", "sync")], ["old_standby"])
+    assert slot.status == "warn"
+    assert "replication slot 'old_standby' is inactive" in slot.detail
+    alone = judge_replication(False, [Standby("b", "async", "startup")], ["b_slot"])
+    assert alone.status == "warn"
+    assert "no failover possible" in alone.detail
+    assert "b is connected but startup" in alone.detail
+    assert "'b_slot'" in alone.detail
 
 
 def test_timeouts_against_the_ttl() -> None:
@@ -89,6 +149,320 @@ def test_timeouts_against_the_ttl() -> None:
     assert judge_timeouts({"idle_session_timeout": 60.0}, 30.0).status == "ok"
     assert judge_timeouts({"statement_timeout": 0.2}, 30.0).status == "warn"
     assert judge_timeouts({"statement_timeout": 5.0}, 30.0).status == "ok"
+
+
+def test_a_timeout_that_cancels_statements_routinely_fails_naming_setting_value_and_level() -> None:
+    finding = judge_timeouts(
+        {"statement_timeout": 0.001, "lock_timeout": 0.0},
+        30.0,
+        {"statement_timeout": "set for role 'slow'"},
+    )
+    assert finding.status == "fail"
+    assert finding.detail.startswith("statement_timeout=1ms (set for role 'slow') cancels")
+    assert "TTL 30s" in finding.detail
+    assert "lock_timeout=off" in finding.detail
+    assert judge_timeouts({"transaction_timeout": 0.05}, 30.0).status == "fail"
+
+
+def test_every_timeout_below_the_ttl_is_named() -> None:
+    settings = {
+        "statement_timeout": 5.0,
+        "lock_timeout": 0.5,
+        "idle_in_transaction_session_timeout": 10.0,
+        "idle_session_timeout": 0.0,
+        "transaction_timeout": 20.0,
+    }
+    finding = judge_timeouts(settings, 30.0)
+    assert finding.status == "warn"
+    for named in (
+        "statement_timeout=5s is below the TTL",
+        "lock_timeout=500ms fails an acquire",
+        "idle_in_transaction_session_timeout=10s ends a lease.transaction() step",
+        "transaction_timeout=20s cuts a lease.transaction() step",
+        "idle_session_timeout=off",
+    ):
+        assert named in finding.detail
+    # below the TTL but harmless to worklease: named, still ok
+    longer = judge_timeouts({"statement_timeout": 5.0, "lock_timeout": 2.0}, 30.0)
+    assert longer.status == "ok"
+    assert "statement_timeout=5s is below the TTL" in longer.detail
+    assert "lock_timeout=2s is below the TTL" in longer.detail
+    # at or above the TTL: listed, not flagged
+    at = judge_timeouts({"statement_timeout": 30.0}, 30.0)
+    assert (at.status, at.detail) == ("ok", "statement_timeout=30s (TTL 30s)")
+
+
+def test_check_lifts_only_the_timeouts_that_would_cancel_its_own_questions() -> None:
+    assert relaxing({"statement_timeout": "1ms", "lock_timeout": "1ms"}) == {
+        "statement_timeout": "30s"
+    }
+    assert relaxing({"statement_timeout": "0", "idle_session_timeout": "0"}) == {}
+    assert relaxing({"statement_timeout": "2min", "transaction_timeout": "5s"}) == {
+        "transaction_timeout": "30s"
+    }
+    assert relaxing({"idle_session_timeout": "1s", "transaction_timeout": None}) == {
+        "idle_session_timeout": "0"
+    }
+
+
+@pytest.mark.parametrize(
+    ("source", "where", "undo"),
+    [
+        ("user", "set for role 'ro'", "ALTER ROLE ro RESET default_transaction_read_only"),
+        ("database", "set for database 'App'", 'ALTER DATABASE "App" RESET'),
+        ("database user", "set for role 'ro' in database 'App'", 'ALTER ROLE ro IN DATABASE "App"'),
+        ("global", "set for all roles", "ALTER ROLE ALL RESET"),
+        ("configuration file", "the server's configuration", "ALTER SYSTEM RESET"),
+        ("server", "the server's configuration", "ALTER SYSTEM RESET"),
+        ("client", "this connection's options", "drop -c default_transaction_read_only="),
+    ],
+)
+def test_a_read_only_default_fails_naming_its_level(source: str, where: str, undo: str) -> None:
+    finding = judge_writes("on", "on", source, "ro", "App")
+    assert finding.status == "fail"
+    assert finding.name == "writes"
+    assert finding.detail.startswith("default_transaction_read_only is on (")
+    assert where in finding.detail
+    assert undo in finding.detail
+    assert "\n" not in finding.detail
+
+
+def test_writes_read_only_sessions_and_refused_writes_fail() -> None:
+    assert judge_writes("off", "off", None, "app", "app").status == "ok"
+    session = judge_writes("off", "on", None, "app", "app")
+    assert session.status == "fail"
+    assert "transaction_read_only is on" in session.detail
+    refused = judge_writes("off", "off", None, "app", "app", "permission denied for table x")
+    assert refused.status == "fail"
+    assert "permission denied for table x" in refused.detail
+    untried = judge_writes("off", "off", None, "app", "app", tried=False)
+    assert untried.status == "ok"
+    assert "no worklease_leases to try a write on" in untried.detail
+
+
+def test_setting_sources() -> None:
+    assert describe_source("default", "r", "d") is None
+    assert describe_source(None, "r", "d") is None
+    assert describe_source("session", "r", "d") == (
+        "set in the session (by a pooler's connect_query, or a SET)"
+    )
+    assert undo_hint("x", "session", "r", "d") is None
+    assert ident("worker") == "worker"
+    assert ident('my "role"') == '"my ""role"""'
+    assert ident("Worker") == '"Worker"'
+
+
+def test_client_options_are_parsed_as_libpq_sends_them() -> None:
+    assert client_options("-c statement_timeout=1ms -cwork_mem=4MB --lock-timeout=2s") == {
+        "statement_timeout": "1ms",
+        "work_mem": "4MB",
+        "lock_timeout": "2s",
+    }
+    assert client_options(r"-c search_path=a\ b") == {"search_path": "a b"}
+    assert client_options("") == {}
+
+
+def test_a_lifted_setting_s_level_is_the_most_specific_that_sets_it() -> None:
+    levels = setting_levels(
+        [
+            ("user", "statement_timeout=1ms"),
+            ("database", "statement_timeout=5s"),
+            ("database user", "idle_session_timeout=1s"),
+            ("global", "transaction_timeout=1s"),
+        ]
+    )
+    assert derive_source("statement_timeout", {}, levels) == "user"
+    assert derive_source("idle_session_timeout", {}, levels) == "database user"
+    assert derive_source("transaction_timeout", {}, levels) == "global"
+    assert derive_source("statement_timeout", {"statement_timeout": "1"}, levels) == "client"
+    assert derive_source("lock_timeout", {}, levels) == "server"
+
+
+def test_each_host_of_a_multi_host_dsn_gets_a_dsn_of_its_own() -> None:
+    hosts = host_dsns(
+        "host=a,b port=5432,5433 dbname=app user=w password=pw target_session_attrs=read-write",
+        {},
+    )
+    assert [label for label, _ in hosts] == ["a:5432", "b:5433"]
+    second = conninfo_to_dict(hosts[1][1])
+    assert (second["host"], second["port"], second["target_session_attrs"]) == ("b", "5433", "any")
+    assert (second["dbname"], second["user"], second["password"]) == ("app", "w", "pw")
+    uri = host_dsns("postgresql://w@h1:6000,h2/app?target_session_attrs=primary", {})
+    assert [label for label, _ in uri] == ["h1:6000", "h2:5432"]
+    shared_port = host_dsns("host=a,b port=6432", {})
+    assert [label for label, _ in shared_port] == ["a:6432", "b:6432"]
+    from_environment = host_dsns("dbname=app", {"PGHOST": "x,y", "PGPORT": "7000"})
+    assert [label for label, _ in from_environment] == ["x:7000", "y:7000"]
+    assert host_dsns("host=a port=5432", {}) == []
+    assert host_dsns("host=a,b port=1,2,3", {}) == []  # libpq refuses it; so does connection
+    assert session_attrs("host=a,b target_session_attrs=read-write", {}) == "read-write"
+    assert session_attrs("host=a,b", {"PGTARGETSESSIONATTRS": "primary"}) == "primary"
+    assert session_attrs("host=a,b", {}) == "any"
+
+
+def test_two_primaries_in_one_dsn_are_a_split_brain() -> None:
+    answers = [
+        HostAnswer("a:5432", True, (1, "t1")),
+        HostAnswer("b:5432", True, (1, "t2")),
+        HostAnswer("c:5432", False, (1, "t3")),
+    ]
+    finding = judge_hosts(answers, "a:5432", "read-write")
+    assert finding.status == "fail"
+    assert finding.detail.startswith("split brain: a:5432 and b:5432 both answer as primary")
+    assert "this DSN (target_session_attrs=read-write) reaches a:5432" in finding.detail
+
+
+def test_hosts_one_primary_and_how_the_route_reaches_it() -> None:
+    good = [HostAnswer("a:5432", False, (1, "t1")), HostAnswer("b:5432", True, (1, "t2"))]
+    ok = judge_hosts(good, "b:5432", "read-write")
+    assert ok.status == "ok"
+    assert ok.detail == (
+        "a:5432 standby, b:5432 primary; this DSN (target_session_attrs=read-write) reaches b:5432"
+    )
+    anyone = judge_hosts(good, "a:5432", "any")
+    assert anyone.status == "warn"
+    assert "add target_session_attrs=read-write" in anyone.detail
+    assert judge_hosts(good, "a:5432", "prefer-standby").status == "fail"
+    down = [*good, HostAnswer("c:5432", None, error="Connection refused")]
+    unreachable = judge_hosts(down, "b:5432", "primary")
+    assert unreachable.status == "warn"
+    assert "c:5432 did not answer (Connection refused)" in unreachable.detail
+    twice = [HostAnswer("localhost:5432", True, (1, "t")), HostAnswer("::1:5432", True, (1, "t"))]
+    same = judge_hosts(twice, "localhost:5432", "read-write")
+    assert same.status == "ok"
+    assert "localhost:5432 and ::1:5432 are one server" in same.detail
+    nobody = judge_hosts(
+        [HostAnswer("a:1", False), HostAnswer("b:1", None, error="x")], None, "any"
+    )
+    assert nobody.status == "fail"
+    assert "no host answers as primary" in nobody.detail
+    assert "reaches no host" in nobody.detail
+
+
+def test_the_sizing_rule_is_the_backend_s() -> None:
+    assert sizing_rule(20, 1)[0] == connections_per_backend(20) == 28
+    need, rule = sizing_rule(4, 3)
+    assert need == 3 * connections_per_backend(4)
+    assert rule == (
+        "36 connections for 3 processes (12 each: pool max_size 4 + 4 renewal + 2 direct "
+        "+ 2 listener)"
+    )
+
+
+def test_the_default_pool_size_is_psycopg_pool_s() -> None:
+    parameters = inspect.signature(ConnectionPool).parameters
+    assert parameters["max_size"].default is None  # then max_size is min_size
+    assert parameters["min_size"].default == DEFAULT_POOL_SIZE
+
+
+SESSION_POOL = BouncerPool("app", "session", 20)
+
+
+def test_pgbouncer_in_session_mode_with_its_default_pool_cannot_fit_a_pool_of_20() -> None:
+    finding = judge_connections(20, 1, None, SESSION_POOL)
+    assert finding.status == "fail"
+    assert "PgBouncer in session mode" in finding.detail
+    assert "its pool for database 'app' has 20" in finding.detail
+    assert "28 connections for 1 process" in finding.detail
+    assert "default_pool_size" in finding.detail
+
+
+@pytest.mark.parametrize(
+    ("pool", "size", "processes", "status"),
+    [
+        (SESSION_POOL, 4, 1, "ok"),  # 12 of 20
+        (SESSION_POOL, 8, 1, "ok"),  # 16 of 20
+        (SESSION_POOL, 9, 1, "warn"),  # 17 of 20: near
+        (SESSION_POOL, 4, 2, "fail"),  # 24 of 20
+        (BouncerPool("app", "session", 20, reserve_pool=10), 16, 1, "warn"),  # 24: reserve
+        (BouncerPool("app", "session", 40, max_db_connections=20), 16, 1, "fail"),
+        (BouncerPool("app", "transaction", 20, max_client_conn=100), 20, 3, "ok"),
+        (BouncerPool("app", "transaction", 20, max_client_conn=50), 20, 2, "fail"),
+        (BouncerPool("app", "session", 100, max_client_conn=50), 20, 2, "fail"),
+    ],
+)
+def test_pgbouncer_pool_fits(pool: BouncerPool, size: int, processes: int, status: str) -> None:
+    assert judge_connections(size, processes, None, pool).status == status
+
+
+SERVER = ServerLimits(100, 3, "app", database="app", in_use=5)
+
+
+@pytest.mark.parametrize(
+    ("server", "size", "processes", "status", "named"),
+    [
+        (SERVER, 4, 1, "ok", "the 97 the server allows (max_connections 100 - superuser_reserved"),
+        (SERVER, 20, 3, "warn", "near the 97"),  # 84 of 97
+        (SERVER, 20, 4, "fail", "112 connections for 4 processes"),
+        (ServerLimits(100, 3, "app", role_limit=10), 4, 1, "fail", "LIMIT of role 'app'"),
+        (ServerLimits(100, 3, "app", -1, "d", 20), 4, 1, "ok", "LIMIT of database 'd'"),
+        (ServerLimits(100, 3, "app", role_reserved=5), 90, 1, "fail", "reserved_connections 5"),
+    ],
+)
+def test_a_direct_route_fits_in_max_connections(
+    server: ServerLimits, size: int, processes: int, status: str, named: str
+) -> None:
+    finding = judge_connections(size, processes, server)
+    assert finding.status == status
+    assert named in finding.detail
+
+
+def test_a_proxy_that_cannot_be_read_warns_with_the_rule_and_never_passes() -> None:
+    note = pgbouncer_unreadable("app", "FATAL:  not allowed")
+    assert "stats_users" in note
+    finding = judge_connections(20, 1, SERVER, proxy=note)
+    assert finding.status == "warn"
+    assert finding.detail.startswith("PgBouncer is in between and its admin console refuses")
+    assert "needs 28 server connections" in finding.detail
+    assert judge_connections(90, 1, SERVER, proxy=note).status == "fail"  # not even the server
+    other = pgbouncer_unreadable("app", 'database "pgbouncer" does not exist')
+    assert other.startswith("a proxy is in between")
+    assert judge_connections(4, 1, None).status == "warn"  # limits unreadable
+
+
+def test_the_pgbouncer_pool_is_read_from_its_show_commands() -> None:
+    databases = [
+        {"name": "pgbouncer", "pool_size": 2, "pool_mode": "statement", "reserve_pool": 0},
+        {"name": "app", "pool_size": 20, "pool_mode": None, "reserve_pool": 0,
+         "max_connections": 0},
+        {"name": "other", "pool_size": 50, "pool_mode": "transaction", "reserve_pool": 5},
+    ]  # fmt: skip
+    config = {
+        "pool_mode": "session",
+        "default_pool_size": "20",
+        "max_client_conn": "500",
+        "max_db_connections": "0",
+        "max_user_connections": "0",
+        "reserve_pool_size": "0",
+    }
+    assert bouncer_pool(databases, config, [], "app", "w") == BouncerPool(
+        "app", "session", 20, 0, 0, 0, 500
+    )
+    assert bouncer_pool(databases, config, [], "other", "w").pool_mode == "transaction"
+    users = [{"name": "w", "pool_mode": "transaction"}]
+    assert bouncer_pool(databases, config, users, "app", "w").pool_mode == "transaction"
+    unknown = bouncer_pool([], {"default_pool_size": "7"}, [], "app", "w")
+    assert (unknown.pool_mode, unknown.pool_size) == ("session", 7)
+
+
+def test_the_dsn_s_password_never_shows() -> None:
+    findings = [CheckFinding("connection", "fail", 'invalid percent-encoded token: "hun%zz"')]
+    assert secrets("postgresql://u:hun%zz@h/db") == ["hun%zz"]
+    assert redact(findings, ["hun%zz"]).findings[0].detail == (
+        'invalid percent-encoded token: "***"'
+    )
+    assert secrets("host=h password='se cret' oops", None) == ["se cret"]
+    assert secrets("host=h password=pw", "host=l password=other") == ["pw", "other"]
+    assert secrets("host=h") == []
+
+
+@pytest.mark.parametrize("bad", [0, -1, True, 2.5, "4", 100_001])
+def test_pool_size_and_processes_are_whole_numbers(bad: object) -> None:
+    with pytest.raises(ConfigError, match="pool_size"):
+        check_arguments("", None, None, 30, 5, bad, 1)
+    with pytest.raises(ConfigError, match="processes"):
+        check_arguments("", None, None, 30, 5, 4, bad)
+    assert check_arguments("", None, None, 30, 5, 20, 3)[5:] == (20, 3)
 
 
 @pytest.mark.parametrize(

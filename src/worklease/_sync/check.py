@@ -10,37 +10,67 @@ would.
 
 from __future__ import annotations
 
+import os
 import time
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
 import psycopg
-from psycopg import Connection, sql
+from psycopg import ClientCursor, Connection, sql
+from psycopg import errors as pg_errors
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from psycopg.rows import tuple_row
 from psycopg_pool import ConnectionPool
 
 from .._acompat import sleep
 from .._check import (
     COLUMNS_QUERY,
+    DEFAULT_POOL_SIZE,
+    HOST_QUERY,
+    IDENTITY_QUERY,
+    LEVELS_QUERY,
+    LIMITS_QUERY,
     REPLICATION_QUERY,
-    TIMEOUT_QUERY,
+    SESSION_QUERY,
+    SESSION_SETTINGS,
+    SLOTS_QUERY,
+    SOURCES_QUERY,
     TIMEOUT_SETTINGS,
+    BouncerPool,
     CheckFinding,
     CheckReport,
+    HostAnswer,
+    ServerLimits,
+    Standby,
+    bouncer_pool,
     check_arguments,
+    client_options,
+    derive_source,
+    describe_source,
+    host_dsns,
     judge_clock,
     judge_columns,
     judge_commit,
+    judge_connections,
+    judge_hosts,
     judge_isolation,
     judge_listener,
     judge_pooler,
     judge_replication,
     judge_timeouts,
+    judge_writes,
     missing_fence,
     missing_index,
     missing_sequence,
     missing_table,
+    pgbouncer_unreadable,
+    redact,
+    relaxing,
     seconds_setting,
+    secrets,
+    session_attrs,
+    setting_levels,
 )
 from .._failures import first_line
 from .._pg import FENCE, INDEX, SEQUENCE, TABLE
@@ -51,6 +81,26 @@ __all__ = ["check_postgres"]
 
 _Conn = Connection[tuple[Any, ...]]
 
+_ATTEMPTS = 5
+"""How often a question that a role's tiny ``statement_timeout`` cancelled is asked again
+(before ``check`` has lifted the timeout in its own session)."""
+
+
+@dataclass
+class _Session:
+    """What the first questions found out about the check's own session."""
+
+    values: dict[str, str | None]
+    role: str
+    database: str
+    proxied: bool
+    """The server process is not the one the connection was given at startup, or the server
+    port is not the one connected to: something is in between."""
+    shared: bool = False
+    """A pooler shares server sessions between clients (PgBouncer in transaction mode)."""
+    sources: dict[str, str] = field(default_factory=dict)
+    """Where each setting came from (``pg_settings.source`` words, or derived)."""
+
 
 def check_postgres(
     conninfo: str = "",
@@ -59,27 +109,52 @@ def check_postgres(
     listen_dsn: str | None = None,
     ttl: float = 30.0,
     probe_timeout: float = 5.0,
+    pool_size: int = DEFAULT_POOL_SIZE,
+    processes: int = 1,
 ) -> CheckReport:
     """Check a PostgreSQL deployment for worklease; what it finds is reported, not raised.
 
-    Checks, in order: the connection; the schema (present and the current layout); the
-    default isolation; the clock offset between this client and the server;
-    ``synchronous_commit``; whether the server is a primary, has standbys and replicates
-    synchronously; server timeouts against ``ttl``; whether a pooler shares server sessions
-    between clients (PgBouncer in transaction mode); and whether release notifications work
-    from ``conninfo`` (and through ``listen_dsn`` when given), by running the backend's own
-    listener. Bad arguments raise ``ConfigError`` before any I/O. ``worklease check`` prints
-    the report.
+    Checks, in order: the connection; each host of a multi-host DSN on its own (one primary,
+    and which one the DSN's route reaches); the schema (present and the current layout); the
+    default isolation; whether the session can write (``default_transaction_read_only``,
+    ``transaction_read_only``, a write tried in a rolled-back transaction); the clock offset
+    between this client and the server; ``synchronous_commit``; whether the server is a
+    primary, has standbys and replicates synchronously; server timeouts against ``ttl``;
+    whether a pooler shares server sessions between clients (PgBouncer in transaction mode);
+    whether the connections of ``processes`` processes, each with an application pool of
+    ``pool_size`` (its ``max_size``), fit in PgBouncer's pool or the server's limits; and
+    whether release notifications work from ``conninfo`` (and through ``listen_dsn`` when
+    given), by running the backend's own listener. A role's short ``statement_timeout`` is
+    lifted in the check's own session (after reading it) so the questions get answers. Bad
+    arguments raise ``ConfigError`` before any I/O. No detail shows the DSN's password.
+    ``worklease check`` prints the report.
     """
-    conninfo, schema, listen_dsn, ttl, probe_timeout = check_arguments(
-        conninfo, schema, listen_dsn, ttl, probe_timeout
+    conninfo, schema, listen_dsn, ttl, probe_timeout, pool_size, processes = check_arguments(
+        conninfo, schema, listen_dsn, ttl, probe_timeout, pool_size, processes
     )
+    findings = _findings(conninfo, schema, listen_dsn, ttl, probe_timeout, pool_size, processes)
+    return redact(findings, secrets(conninfo, listen_dsn))
+
+
+def _findings(
+    conninfo: str,
+    schema: str | None,
+    listen_dsn: str | None,
+    ttl: float,
+    probe_timeout: float,
+    pool_size: int,
+    processes: int,
+) -> list[CheckFinding]:
     findings: list[CheckFinding] = []
+    hosts = host_dsns(conninfo, os.environ)
+    attrs = session_attrs(conninfo, os.environ)
     try:
         conn = _connect(conninfo)
     except psycopg.Error as exc:
         findings.append(CheckFinding("connection", "fail", f"cannot connect: {first_line(exc)}"))
-        return CheckReport(findings)
+        if hosts:
+            findings.append(_guarded("hosts", _hosts, hosts, None, attrs))
+        return findings
     with conn:
         info = conn.info
         version = info.server_version
@@ -91,17 +166,28 @@ def check_postgres(
                 f"PostgreSQL {version // 10000}.{version % 10000}",
             )
         )
+        if hosts:
+            findings.append(_guarded("hosts", _hosts, hosts, f"{info.host}:{info.port}", attrs))
+        session: _Session | str
+        try:
+            session = _session(conn, conninfo)
+        except psycopg.Error as exc:
+            session = f"could not check: {first_line(exc)}"
         findings.append(_guarded("schema", _schema, conn, schema))
         findings.append(_guarded("isolation", _isolation, conn))
+        findings.append(_guarded("writes", _writes, conn, schema, session))
         findings.append(_guarded("clock", _clock, conn))
         findings.append(_guarded("synchronous_commit", _commit, conn))
         findings.append(_guarded("replication", _replication, conn))
-        findings.append(_guarded("timeouts", _timeouts, conn, ttl))
-        findings.append(_guarded("pooler", _pooler, conn, conninfo))
+        findings.append(_guarded("timeouts", _timeouts, session, ttl))
+        findings.append(_guarded("pooler", _pooler, session))
+        findings.append(
+            _guarded("connections", _connections, conn, conninfo, session, pool_size, processes)
+        )
     findings.append(_guarded("listen", _listen, conninfo, None, probe_timeout))
     if listen_dsn is not None:
         findings.append(_guarded("listen_dsn", _listen, conninfo, listen_dsn, probe_timeout))
-    return CheckReport(findings)
+    return findings
 
 
 def _connect(conninfo: str) -> _Conn:
@@ -127,6 +213,98 @@ def _one(conn: _Conn, query: bytes, params: Any = None) -> Any:
     cursor = conn.execute(query, params)
     row = cursor.fetchone()
     return None if row is None else row[0]
+
+
+def _row(conn: _Conn, query: bytes | sql.Composed) -> tuple[Any, ...]:
+    """One row of a quick question, asked again when a statement timeout cancelled it."""
+    for attempt in range(_ATTEMPTS):
+        try:
+            cursor = conn.execute(query)
+            row = cursor.fetchone()
+        except pg_errors.QueryCanceled:
+            if attempt == _ATTEMPTS - 1:
+                raise
+            continue
+        if row is None:
+            raise psycopg.DataError("the server answered no row")
+        return row
+    raise AssertionError("unreachable")
+
+
+def _session(conn: _Conn, conninfo: str) -> _Session:
+    """The session's settings as it started, whether a pooler shares server sessions, and
+    (where it does not) the check's own session freed of short timeouts; then where the
+    settings came from."""
+    row = _row(conn, SESSION_QUERY)
+    count = len(SESSION_SETTINGS)
+    values = {
+        name: (None if v is None else str(v))
+        for name, v in zip(SESSION_SETTINGS, row, strict=False)
+    }
+    server_pid, server_port, role, database = row[count:]
+    info = conn.info
+    on_socket = not info.host or info.host.startswith("/")
+    proxied = server_pid != info.backend_pid or (
+        (server_port is None) != on_socket
+        or (server_port is not None and int(server_port) != int(info.port))
+    )
+    session = _Session(values, str(role), str(database), proxied)
+    # Two client connections on one server process, or one client moved between server
+    # processes: only a pooler sharing server sessions does that.
+    with _connect(conninfo) as other:
+        (theirs,) = _row(other, b"SELECT pg_backend_pid()")
+    (again,) = _row(conn, b"SELECT pg_backend_pid()")
+    session.shared = theirs == server_pid or again != server_pid
+    changes = {} if session.shared else relaxing(values)  # a SET would stay on a pooled session
+    if changes:
+        _row(
+            conn,
+            sql.SQL("SELECT {}").format(
+                sql.SQL(", ").join(
+                    sql.SQL("set_config({}, {}, false)").format(sql.Literal(k), sql.Literal(v))
+                    for k, v in changes.items()
+                )
+            ),
+        )
+    try:
+        cursor = conn.execute(SOURCES_QUERY, (list(SESSION_SETTINGS),))
+        sources = {str(name): str(source) for name, source in cursor.fetchall()}
+        if changes:
+            cursor = conn.execute(LEVELS_QUERY)
+            levels = setting_levels([(str(a), str(b)) for a, b in cursor.fetchall()])
+            options = _options(conninfo)
+            for name in changes:
+                sources[name] = derive_source(name, options, levels)
+    except psycopg.Error:
+        sources = {}  # where the settings come from is a courtesy
+    session.sources = sources
+    return session
+
+
+def _options(conninfo: str) -> dict[str, str]:
+    """The settings the connection asks for at startup (``options``, else ``PGOPTIONS``)."""
+    try:
+        given = conninfo_to_dict(conninfo).get("options")
+    except psycopg.ProgrammingError:
+        given = None
+    return client_options(str(given or os.environ.get("PGOPTIONS") or ""))
+
+
+def _hosts(hosts: list[tuple[str, str]], reached: str | None, attrs: str) -> CheckFinding:
+    answers: list[HostAnswer] = []
+    for label, dsn in hosts:
+        try:
+            with _connect(dsn) as conn:
+                in_recovery, started = _row(conn, HOST_QUERY)
+                try:
+                    (system,) = _row(conn, IDENTITY_QUERY)
+                except psycopg.Error:
+                    system = None  # pg_control_system() revoked: the start time tells apart
+        except psycopg.Error as exc:
+            answers.append(HostAnswer(label, None, error=first_line(exc)))
+            continue
+        answers.append(HostAnswer(label, not in_recovery, (system, started)))
+    return judge_hosts(answers, reached, attrs)
 
 
 def _schema(conn: _Conn, schema: str | None) -> CheckFinding:
@@ -156,6 +334,35 @@ def _isolation(conn: _Conn) -> CheckFinding:
     return judge_isolation(str(_one(conn, b"SHOW default_transaction_isolation")))
 
 
+def _writes(conn: _Conn, schema: str | None, session: _Session | str) -> CheckFinding:
+    """The settings that make a session read-only, then a write tried for real: an UPDATE
+    of no row, in a transaction rolled back (as a lease write, it needs a writable session
+    and the UPDATE privilege)."""
+    if isinstance(session, str):
+        return CheckFinding("writes", "fail", session)
+    values = session.values
+    finding = judge_writes(
+        values.get("default_transaction_read_only"),
+        values.get("transaction_read_only"),
+        session.sources.get("default_transaction_read_only"),
+        session.role,
+        session.database,
+    )
+    if finding.status != "ok":
+        return finding
+    table = sql.Identifier(schema, TABLE) if schema else sql.Identifier(TABLE)
+    if _one(conn, b"SELECT to_regclass(%s)::oid", (table.as_string(conn),)) is None:
+        return judge_writes("off", "off", None, session.role, session.database, tried=False)
+    refused: str | None = None
+    try:
+        with conn.transaction(force_rollback=True):
+            conn.execute(b"SET LOCAL lock_timeout = '2s'")
+            conn.execute(sql.SQL("UPDATE {} SET holder_id = holder_id WHERE false").format(table))
+    except (pg_errors.ReadOnlySqlTransaction, pg_errors.InsufficientPrivilege) as exc:
+        refused = first_line(exc)
+    return judge_writes("off", "off", None, session.role, session.database, refused)
+
+
 def _clock(conn: _Conn) -> CheckFinding:
     """The offset seen on the quickest of five round trips (the least uncertain)."""
     best: tuple[float, float] | None = None
@@ -181,27 +388,106 @@ def _commit(conn: _Conn) -> CheckFinding:
 def _replication(conn: _Conn) -> CheckFinding:
     in_recovery = bool(_one(conn, b"SELECT pg_is_in_recovery()"))
     cursor = conn.execute(REPLICATION_QUERY)
-    rows = cursor.fetchall()
-    return judge_replication(in_recovery, [(str(name), mode) for name, mode in rows])
+    standbys = [
+        Standby(str(name or ""), mode, state, kind) for name, mode, state, kind in cursor.fetchall()
+    ]
+    try:
+        cursor = conn.execute(SLOTS_QUERY)
+        inactive = [str(name) for (name,) in cursor.fetchall()]
+    except pg_errors.InsufficientPrivilege:
+        inactive = []
+    return judge_replication(in_recovery, standbys, inactive)
 
 
-def _timeouts(conn: _Conn, ttl: float) -> CheckFinding:
+def _timeouts(session: _Session | str, ttl: float) -> CheckFinding:
+    if isinstance(session, str):
+        return CheckFinding("timeouts", "fail", session)
     settings: dict[str, float] = {}
+    sources: dict[str, str] = {}
     for name in TIMEOUT_SETTINGS:
-        value = _one(conn, TIMEOUT_QUERY, (name,))
-        if value is not None:
-            settings[name] = seconds_setting(str(value))
-    return judge_timeouts(settings, ttl)
+        value = session.values.get(name)
+        if value is None:  # not in this version
+            continue
+        settings[name] = seconds_setting(value)
+        where = describe_source(session.sources.get(name), session.role, session.database)
+        if where is not None:
+            sources[name] = where
+    return judge_timeouts(settings, ttl, sources)
 
 
-def _pooler(conn: _Conn, conninfo: str) -> CheckFinding:
-    """Two client connections on one server process, or one client moved between server
-    processes: only a pooler sharing server sessions does that."""
-    mine = _one(conn, b"SELECT pg_backend_pid()")
-    with _connect(conninfo) as other:
-        theirs = _one(other, b"SELECT pg_backend_pid()")
-    again = _one(conn, b"SELECT pg_backend_pid()")
-    return judge_pooler(theirs == mine or again != mine)
+def _pooler(session: _Session | str) -> CheckFinding:
+    if isinstance(session, str):
+        return CheckFinding("pooler", "fail", session)
+    return judge_pooler(session.shared)
+
+
+def _connections(
+    conn: _Conn, conninfo: str, session: _Session | str, pool_size: int, processes: int
+) -> CheckFinding:
+    """The server's limits for this role and database; behind a proxy, PgBouncer's pool for
+    this database when its admin console answers (``SHOW`` works for admin_users and
+    stats_users)."""
+    server: ServerLimits | None = None
+    try:
+        limits = _row(conn, LIMITS_QUERY)
+        server = ServerLimits(
+            int(limits[0]),
+            int(limits[1]),
+            conn.info.user,
+            int(limits[2]) if limits[2] is not None else -1,
+            conn.info.dbname,
+            int(limits[3]) if limits[3] is not None else -1,
+            int(limits[4]),
+            int(limits[5]),
+        )
+    except psycopg.Error:
+        pass
+    proxied = not isinstance(session, str) and (session.proxied or session.shared)
+    if not proxied:
+        return judge_connections(pool_size, processes, server)
+    pool, error = _pgbouncer(conn, conninfo)
+    if pool is not None:
+        return judge_connections(pool_size, processes, server, pool)
+    return judge_connections(
+        pool_size, processes, server, proxy=pgbouncer_unreadable(conn.info.user, error)
+    )
+
+
+def _pgbouncer(conn: _Conn, conninfo: str) -> tuple[BouncerPool | None, str]:
+    """PgBouncer's pool for this connection's database and user, read on its admin console
+    (database ``pgbouncer`` at the host and port this connection reached), or why not."""
+    info = conn.info
+    params = conninfo_to_dict(conninfo)
+    for key in ("hostaddr", "load_balance_hosts", "options"):
+        params.pop(key, None)
+    params.update(
+        host=info.host, port=str(info.port), dbname="pgbouncer", target_session_attrs="any"
+    )
+    if info.hostaddr:
+        params["hostaddr"] = info.hostaddr
+    try:
+        admin = Connection.connect(make_conninfo("", **params), autocommit=True, connect_timeout=5)
+    except psycopg.Error as exc:
+        return None, first_line(exc)
+    with admin:
+        try:
+            databases = _show(admin, "DATABASES")
+            config = {str(r["key"]): str(r["value"]) for r in _show(admin, "CONFIG")}
+        except psycopg.Error as exc:
+            return None, f"not a PgBouncer admin console: {first_line(exc)}"
+        try:
+            users = _show(admin, "USERS")
+        except psycopg.Error:
+            users = []
+    return bouncer_pool(databases, config, users, info.dbname, info.user), ""
+
+
+def _show(admin: Connection[Any], what: str) -> list[dict[str, Any]]:
+    """One ``SHOW`` of PgBouncer's admin console (simple query protocol), as dicts."""
+    cursor = ClientCursor(admin)
+    cursor.execute(f"SHOW {what}".encode())
+    names = [column.name for column in cursor.description or []]
+    return [dict(zip(names, row, strict=True)) for row in cursor.fetchall()]
 
 
 def _listen(conninfo: str, listen_dsn: str | None, probe_timeout: float) -> CheckFinding:
