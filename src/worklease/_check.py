@@ -342,10 +342,12 @@ def judge_writes(
     database: str,
     refused: str | None = None,
     tried: bool = True,
+    standby: bool = False,
 ) -> CheckFinding:
     """Can this session write: ``default_transaction_read_only`` (and where it is set),
-    ``transaction_read_only``, and the error of a write tried in a rolled-back transaction
-    (``refused``; ``tried`` is false when there was no table to try it on)."""
+    ``transaction_read_only`` (``standby``: ``in_hot_standby`` is on), and the error of a
+    write tried in a rolled-back transaction (``refused``; ``tried`` is false when there was
+    no table to try it on)."""
     if (default_read_only or "").lower() == "on":
         where = describe_source(source, role, database) or "set"
         undo = undo_hint("default_transaction_read_only", source, role, database)
@@ -357,11 +359,16 @@ def judge_writes(
             + (f"; {undo}" if undo else ""),
         )
     if (transaction_read_only or "").lower() == "on":
+        why = (
+            "this server is a hot standby, in recovery"
+            if standby
+            else "an explicit SET, or the route makes sessions read-only"
+        )
         return CheckFinding(
             "writes",
             "fail",
-            "transaction_read_only is on in this session (a hot standby, or the route makes "
-            "sessions read-only): every acquire, renewal and checkpoint fails",
+            f"transaction_read_only is on in this session ({why}): every acquire, renewal and "
+            "checkpoint is refused",
         )
     if refused is not None:
         return CheckFinding("writes", "fail", f"a write to {TABLE} was refused: {refused}")
@@ -914,7 +921,12 @@ TIMEOUT_SETTINGS = (
     "transaction_timeout",
 )
 """The server timeouts compared with the TTL (``transaction_timeout`` from PostgreSQL 17)."""
-SESSION_SETTINGS = (*TIMEOUT_SETTINGS, "default_transaction_read_only", "transaction_read_only")
+SESSION_SETTINGS = (
+    *TIMEOUT_SETTINGS,
+    "default_transaction_read_only",
+    "transaction_read_only",
+    "in_hot_standby",
+)
 SESSION_QUERY = (
     b"SELECT "
     + b", ".join(b"current_setting('%s', true)" % name.encode() for name in SESSION_SETTINGS)

@@ -231,7 +231,9 @@ def test_writes_read_only_sessions_and_refused_writes_fail() -> None:
     assert judge_writes("off", "off", None, "app", "app").status == "ok"
     session = judge_writes("off", "on", None, "app", "app")
     assert session.status == "fail"
-    assert "transaction_read_only is on" in session.detail
+    assert "transaction_read_only is on in this session (an explicit SET" in session.detail
+    standby = judge_writes("off", "on", None, "app", "app", standby=True)
+    assert "(this server is a hot standby, in recovery)" in standby.detail
     refused = judge_writes("off", "off", None, "app", "app", "permission denied for table x")
     assert refused.status == "fail"
     assert "permission denied for table x" in refused.detail

@@ -350,6 +350,7 @@ async def _writes(conn: _Conn, schema: str | None, session: _Session | str) -> C
         session.sources.get("default_transaction_read_only"),
         session.role,
         session.database,
+        standby=values.get("in_hot_standby") == "on",
     )
     if finding.status != "ok":
         return finding

@@ -347,6 +347,7 @@ def _writes(conn: _Conn, schema: str | None, session: _Session | str) -> CheckFi
         session.sources.get("default_transaction_read_only"),
         session.role,
         session.database,
+        standby=values.get("in_hot_standby") == "on",
     )
     if finding.status != "ok":
         return finding
