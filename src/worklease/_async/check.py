@@ -95,6 +95,8 @@ class _Session:
     port is not the one connected to: something is in between."""
     shared: bool = False
     """A pooler shares server sessions between clients (PgBouncer in transaction mode)."""
+    shared_error: str | None = None
+    """Why whether a pooler shares sessions is not known."""
     sources: dict[str, str] = field(default_factory=dict)
     """Where each setting came from (``pg_settings.source`` words, or derived)."""
 
@@ -254,11 +256,16 @@ async def _session(conn: _Conn, conninfo: str) -> _Session:
     session = _Session(values, str(role), str(database), proxied)
     # Two client connections on one server process, or one client moved between server
     # processes: only a pooler sharing server sessions does that.
-    async with await _connect(conninfo) as other:
-        (theirs,) = await _row(other, b"SELECT pg_backend_pid()")
-    (again,) = await _row(conn, b"SELECT pg_backend_pid()")
-    session.shared = theirs == server_pid or again != server_pid
-    changes = {} if session.shared else relaxing(values)  # a SET would stay on a pooled session
+    try:
+        async with await _connect(conninfo) as other:
+            (theirs,) = await _row(other, b"SELECT pg_backend_pid()")
+        (again,) = await _row(conn, b"SELECT pg_backend_pid()")
+    except psycopg.Error as exc:
+        session.shared_error = f"could not check: {first_line(exc)}"
+    else:
+        session.shared = theirs == server_pid or again != server_pid
+    # a SET would stay behind on a pooled server session
+    changes = relaxing(values) if session.shared_error is None and not session.shared else {}
     if changes:
         await _row(
             conn,
@@ -425,6 +432,8 @@ async def _timeouts(session: _Session | str, ttl: float) -> CheckFinding:
 async def _pooler(session: _Session | str) -> CheckFinding:
     if isinstance(session, str):
         return CheckFinding("pooler", "fail", session)
+    if session.shared_error is not None:
+        return CheckFinding("pooler", "fail", session.shared_error)
     return judge_pooler(session.shared)
 
 
