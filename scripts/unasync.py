@@ -43,7 +43,7 @@ import subprocess
 import sys
 import tokenize
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from types import ModuleType
@@ -488,22 +488,25 @@ def has_header(path: Path) -> bool:
         return HEADER_RE.match(f.readline().rstrip("\r\n")) is not None
 
 
-def generate_text(
+def transform_text(
     source_text: str,
     job: Job,
-    root: Path,
     *,
-    ruff: Sequence[str],
     replacements: Mapping[str, str],
     allowed: frozenset[str],
 ) -> Result:
-    """Generate the sync text for one file in memory."""
+    """The unasynced body of one file (no header, not formatted) and the guards' findings.
+
+    This step parses with :mod:`ast`, so it runs on the calling thread only, never in the
+    worker threads of :func:`generate_all`: on CPython 3.11 before 3.11.8 the AST
+    constructor keeps its recursion-depth counter in interpreter-wide state (gh-106905), and
+    when a garbage collection inside one thread's ``ast.parse`` runs a finalizer that
+    switches threads, another thread's ``ast.parse`` resets the counter and the first fails
+    with ``SystemError: AST constructor recursion depth mismatch``.
+    """
     result = Result(job)
-    src, dst = str(job.source), str(job.target)
+    src = str(job.source)
     try:
-        if format_text(ruff, source_text, src, root) != source_text:
-            result.errors.append(f"{src}: not ruff-format clean; run `ruff format {src}` first")
-            return result
         unasyncer = Unasyncer(replacements)
         result.errors += check_fstrings(source_text, src, unasyncer)
         body = flip_is_sync(unasyncer.transform(strip_entry_point(source_text)), src)
@@ -517,6 +520,32 @@ def generate_text(
         except SyntaxError as exc:
             result.errors.append(f"{src}:{exc.lineno}: generated code does not compile: {exc.msg}")
             return result
+        result.text = body
+    except GenerationError as exc:
+        result.errors.append(str(exc))
+    except (tokenize.TokenError, SyntaxError) as exc:  # ruff's format check reports it too
+        result.errors.append(f"{src}: cannot tokenize: {exc}")
+    return result
+
+
+def format_output(
+    source_text: str, transformed: Result, root: Path, *, ruff: Sequence[str]
+) -> Result:
+    """The finished sync text of one file from :func:`transform_text`'s result: the source
+    must be ruff-format clean (else that is the file's only error), then the header goes on
+    and ruff sorts the imports and formats. Runs ruff in subprocesses and compiles from
+    source text (no :mod:`ast` objects), so it is safe in worker threads."""
+    job = transformed.job
+    result = Result(job, used=transformed.used)
+    src, dst = str(job.source), str(job.target)
+    try:
+        if format_text(ruff, source_text, src, root) != source_text:
+            result.errors.append(f"{src}: not ruff-format clean; run `ruff format {src}` first")
+            return result
+        if transformed.errors or transformed.text is None:
+            result.errors += transformed.errors
+            return result
+        body = transformed.text
         header = header_for(job.source)
         text = header + ("\n" + body if body.strip() else "")
         text = format_text(ruff, fix_imports(ruff, text, dst, root), dst, root)
@@ -576,18 +605,24 @@ def generate_all(
     replacements: Mapping[str, str],
     allowed: frozenset[str],
 ) -> list[Result]:
+    """Every job's result, in order: the token and :mod:`ast` work on this thread, one file
+    after another (see :func:`transform_text` for why), the ruff subprocesses in worker
+    threads (each file's start as soon as its transformation is done)."""
     ruff = ruff_command()
-
-    def one(job: Job) -> Result:
-        try:
-            text = (root / job.source).read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError) as exc:
-            return Result(job, errors=[f"{job.source}: cannot read: {exc}"])
-        return generate_text(text, job, root, ruff=ruff, replacements=replacements, allowed=allowed)
-
     workers = min(8, os.cpu_count() or 1)
     with ThreadPoolExecutor(max_workers=workers) as pool:
-        return list(pool.map(one, jobs))
+        pending: list[Future[Result]] = []
+        for job in jobs:
+            try:
+                text = (root / job.source).read_text(encoding="utf-8")
+            except (OSError, UnicodeDecodeError) as exc:
+                unreadable: Future[Result] = Future()
+                unreadable.set_result(Result(job, errors=[f"{job.source}: cannot read: {exc}"]))
+                pending.append(unreadable)
+                continue
+            transformed = transform_text(text, job, replacements=replacements, allowed=allowed)
+            pending.append(pool.submit(format_output, text, transformed, root, ruff=ruff))
+        return [future.result() for future in pending]
 
 
 def _remove_empty_dirs(root: Path, rules: Sequence[tuple[str, str]]) -> None:

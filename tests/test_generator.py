@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import importlib.util
+import json
 import subprocess
 import sys
+import threading
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import pytest
 
@@ -378,15 +381,61 @@ def test_find_unused_replacements() -> None:
     assert load_script().find_unused_replacements(texts, table) == ["AsyncNever"]
 
 
-def test_run_fails_on_unused_replacement(tree: Path, capsys: pytest.CaptureFixture[str]) -> None:
+# run() with a table of the test's own, in a fresh interpreter: the test process's state (its
+# threads and its garbage) is not the script's to share.
+RUN_WITH_TABLE = """\
+import importlib.util, json, sys
+from pathlib import Path
+spec = importlib.util.spec_from_file_location("worklease_unasync_script", sys.argv[1])
+module = importlib.util.module_from_spec(spec)
+sys.modules[spec.name] = module
+spec.loader.exec_module(module)
+sys.exit(module.run(Path(sys.argv[2]), check=True, replacements=json.loads(sys.argv[3])))
+"""
+
+
+def test_run_fails_on_unused_replacement(tree: Path) -> None:
     table = {"AsyncLease": "Lease", "asleep": "sleep", "_async": "_sync", "AsyncGone": "Gone"}
 
-    status = load_script().run(tree, check=True, replacements=table)
+    proc = subprocess.run(
+        [sys.executable, "-c", RUN_WITH_TABLE, str(SCRIPT), str(tree), json.dumps(table)],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=120,
+    )
 
-    assert status == 1
-    err = capsys.readouterr().err
-    assert "REPLACEMENTS key 'AsyncGone' matches nothing" in err
-    assert "'asleep'" not in err
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "REPLACEMENTS key 'AsyncGone' matches nothing" in proc.stderr
+    assert "'asleep'" not in proc.stderr
+
+
+def test_run_parses_on_the_calling_thread_only(tree: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # CPython 3.11 before 3.11.8 keeps the AST constructor's recursion-depth counter in
+    # interpreter-wide state (gh-106905): two threads in ast.parse at once (one switched out
+    # by a finalizer that a garbage collection inside the constructor runs) fail with
+    # "SystemError: AST constructor recursion depth mismatch". The script's worker threads
+    # run ruff; every parse stays on the thread that called run().
+    for name in ("one", "two", "three", "four"):
+        _write(tree / f"src/worklease/_async/{name}.py", MOD_SOURCE)
+    script = load_script()
+    parse = script.ast.parse
+    threads: list[int] = []
+
+    def recording_parse(*args: Any, **kwargs: Any) -> Any:
+        threads.append(threading.get_ident())
+        return parse(*args, **kwargs)
+
+    monkeypatch.setattr(script.ast, "parse", recording_parse)
+    out: list[str] = []
+
+    status = script.run(tree, check=False, hygiene=False, out=out.append)
+
+    assert status == 0, out
+    four = (tree / "src/worklease/_sync/four.py").read_text(encoding="utf-8")
+    assert four == MOD_EXPECTED.replace("_async/mod.py", "_async/four.py")
+    assert len(threads) >= 2 * 7  # two parses (f-string and path guards) per source file
+    assert set(threads) == {threading.get_ident()}
 
 
 def test_validate_table_rejects_chained_entries() -> None:
