@@ -534,15 +534,29 @@ def missing_fence() -> CheckFinding:
     )
 
 
-def judge_pooler(same_server: bool) -> CheckFinding:
+def judge_pooler(same_server: bool, proxied: bool = False) -> CheckFinding:
+    """What is between this client and the server, and what that means for prepared
+    statements: worklease's (ADR-0015: unprepared behind any proxy unless prepare=True) and
+    the application's own (psycopg prepares by name after five runs)."""
     if same_server:
         return CheckFinding(
             "pooler",
             "warn",
             "two connections were served by one server session: a transaction-pooling proxy "
-            "(PgBouncer in transaction mode) is in between; worklease works through it (pass "
-            "schema= explicitly, prepare_threshold=None for your own statements on PgBouncer "
-            "before 1.21), release notifications need a listen_dsn straight to the server",
+            "(PgBouncer in transaction mode) is in between; worklease works through it with its "
+            "defaults (it sends its own statements unprepared there) but your own statements "
+            "need prepare_threshold=None on the pool's connections (unless PgBouncer 1.21+ "
+            "with max_prepared_statements > 0), pass schema= explicitly, and release "
+            "notifications need a listen_dsn straight to the server",
+        )
+    if proxied:
+        return CheckFinding(
+            "pooler",
+            "ok",
+            "a proxy is in between (the server process answering is not the one in the "
+            "connection's cancel key) and gives each connection its own server session "
+            "(session pooling): worklease sends its statements unprepared here; prepare=True "
+            "gives back the prepared path on a session pooler",
         )
     return CheckFinding(
         "pooler", "ok", "each connection has its own server session (direct or session pooling)"

@@ -478,6 +478,14 @@ def test_server_duration_settings(text: str, seconds: float) -> None:
 def test_pooler_and_listener() -> None:
     assert judge_pooler(True).status == "warn"
     assert judge_pooler(False).status == "ok"
+    # the whole truth about prepared statements: worklease's and the application's own
+    shared = judge_pooler(True, proxied=True).detail
+    assert "unprepared" in shared
+    assert "prepare_threshold=None" in shared
+    session = judge_pooler(False, proxied=True)
+    assert session.status == "ok"
+    assert "prepare=True" in session.detail
+    assert "unprepared" not in judge_pooler(False).detail
     assert judge_listener("listen", "this DSN", True, None).status == "ok"
     fallen = judge_listener("listen", "this DSN", False, "LISTEN failed")
     assert fallen.status == "warn"

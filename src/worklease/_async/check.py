@@ -434,7 +434,7 @@ async def _pooler(session: _Session | str) -> CheckFinding:
         return CheckFinding("pooler", "fail", session)
     if session.shared_error is not None:
         return CheckFinding("pooler", "fail", session.shared_error)
-    return judge_pooler(session.shared)
+    return judge_pooler(session.shared, session.proxied)
 
 
 async def _connections(
