@@ -309,3 +309,168 @@ def cluster(size: int = 3, **kwargs: Any) -> Iterator[EtcdCluster]:
         yield started
     finally:
         started.stop()
+
+
+# -- a gateway proxy that misbehaves on request ------------------------------------------------
+
+
+class GatewayProxy:
+    """An HTTP proxy in front of one member's JSON gateway, for cases that need the gateway to
+    misbehave in a known way. Requests are forwarded as they come (one at a time per
+    connection, keep-alive), answers are sent back whole; the release watch is not proxied.
+
+    ``keepalive``: what reaches the member of a keepalive stream's lines. ``"all"``;
+    ``"half"``: the first half (rounded up), the rest is dropped unanswered, as the gateway
+    does when it starts answering before it has read a whole request (the answer comes back
+    short and the dropped keepalives are never applied); ``"none"``: nothing, an empty
+    answer.
+
+    ``hold(path)``: answers to ``path`` are held, while the connection stays busy (a blank
+    sent every 0.2 s keeps the client's read timeout from firing), until ``release()``.
+    ``held`` counts the answers being held now; ``requests`` counts requests per path.
+    """
+
+    def __init__(self, target: str) -> None:
+        import http.server
+        import threading
+
+        self.target = target
+        self.keepalive = "all"
+        self.requests: dict[str, int] = {}
+        self.held = 0
+        self._holding: set[str] = set()
+        self._released = threading.Event()
+        self._lock = threading.Lock()
+        self._client = httpx.Client(
+            timeout=30.0, limits=httpx.Limits(max_connections=None, max_keepalive_connections=64)
+        )
+        proxy = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, format: str, *args: Any) -> None:
+                pass
+
+            def do_POST(self) -> None:
+                proxy._handle(self)
+
+        class Server(http.server.ThreadingHTTPServer):
+            daemon_threads = True
+            block_on_close = False
+            request_queue_size = 512
+
+        self._server = Server(("127.0.0.1", 0), Handler)
+        self._thread = threading.Thread(
+            target=self._server.serve_forever, name="test-gateway-proxy", daemon=True
+        )
+        self._thread.start()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self._server.server_address[1]}"
+
+    def hold(self, path: str) -> None:
+        with self._lock:
+            self._holding.add(path)
+            self._released.clear()
+
+    def release(self) -> None:
+        with self._lock:
+            self._holding.clear()
+            self._released.set()
+
+    def _handle(self, handler: Any) -> None:
+        path = handler.path
+        body = handler.rfile.read(int(handler.headers.get("Content-Length") or 0))
+        with self._lock:
+            self.requests[path] = self.requests.get(path, 0) + 1
+            holding = path in self._holding
+        if path == "/v3/lease/keepalive":
+            lines = [line for line in body.split(b"\n") if line.strip()]
+            if self.keepalive == "half":
+                lines = lines[: (len(lines) + 1) // 2]
+            elif self.keepalive == "none":
+                lines = []
+            body = b"\n".join(lines)
+        if path == "/v3/lease/keepalive" and not body:
+            status, answer, kind = 200, b"", "application/json"
+        else:
+            headers = {
+                name: handler.headers[name]
+                for name in ("Content-Type", "Authorization")
+                if handler.headers.get(name)
+            }
+            forwarded = self._client.post(self.target + path, content=body, headers=headers)
+            status, answer = forwarded.status_code, forwarded.content
+            kind = forwarded.headers.get("Content-Type", "application/json")
+        handler.send_response(status)
+        handler.send_header("Content-Type", kind)
+        if not holding:
+            handler.send_header("Content-Length", str(len(answer)))
+            handler.end_headers()
+            handler.wfile.write(answer)
+            return
+        handler.send_header("Transfer-Encoding", "chunked")
+        handler.end_headers()
+        with self._lock:
+            self.held += 1
+        try:
+            while not self._released.wait(0.2):
+                handler.wfile.write(b"1\r\n \r\n")  # a blank: JSON allows it before the value
+                handler.wfile.flush()
+            if answer:
+                handler.wfile.write(b"%x\r\n%s\r\n" % (len(answer), answer))
+            handler.wfile.write(b"0\r\n\r\n")
+        finally:
+            with self._lock:
+                self.held -= 1
+
+    def close(self) -> None:
+        self.release()
+        self._server.shutdown()
+        self._server.server_close()
+        self._client.close()
+
+    def __enter__(self) -> GatewayProxy:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def lease_ttls(cluster: EtcdCluster, leases: list[int]) -> dict[int, int]:
+    """Each etcd lease's TTL left, in seconds, as the cluster reports it (-1: gone)."""
+    found: dict[int, int] = {}
+    with cluster.http() as client:
+        for lease in leases:
+            answer = client.post(
+                cluster.endpoints[0] + "/v3/lease/timetolive", json={"ID": str(lease)}
+            ).json()
+            found[lease] = int(answer.get("TTL", -1))
+    return found
+
+
+def hold_leases(cluster: EtcdCluster, prefix: str) -> dict[str, int]:
+    """Work ID -> the etcd lease its hold key is attached to, for the held work IDs of a
+    backend's ``prefix`` (read from etcd directly: the backend's key layout, ADR-0013)."""
+    import base64
+
+    start = prefix.encode() + b"\x00"
+    end = prefix.encode() + b"\x01"
+    with cluster.http() as client:
+        answer = client.post(
+            cluster.endpoints[0] + "/v3/kv/range",
+            json={
+                "key": base64.b64encode(start).decode(),
+                "range_end": base64.b64encode(end).decode(),
+                "keys_only": True,
+            },
+        ).json()
+    found: dict[str, int] = {}
+    for kv in answer.get("kvs", ()):
+        key = base64.b64decode(kv["key"])[len(start) :]
+        work_id, _, kind = key.rpartition(b"\x00")
+        if kind == b"h":
+            found[work_id.decode()] = int(kv.get("lease", 0))
+    return found

@@ -418,6 +418,59 @@ def judge_error(
     return EtcdAnswer(BackendError(text, transient=False), False)
 
 
+# -- connections -----------------------------------------------------------------------------
+# One HTTP/1.1 connection carries one request at a time. httpx's pool could queue the callers
+# beyond its connections itself, but its wait is bounded by the request timeout, and a caller
+# that waited it out failed over as if every member had failed (issue 23: 300 concurrent
+# acquires, every one "no etcd member answered (PoolTimeout)"); its bookkeeping also costs
+# requests x connections on every request (those 300 acquires took 9 s, nearly all of it the
+# client's CPU). So the backend queues its callers itself, first come first served, in lanes
+# with connections of their own: ordinary calls, and renewals apart (a crowd of other calls
+# never delays a renewal, as PostgreSQL's private pool keeps them apart). httpx's pool has a
+# connection for every request a lane lets through, plus one for the release watch, so it
+# never makes anyone wait. 16 connections for ordinary calls: the same 300 acquires took
+# 2.6 s with 16 (2.0 s of CPU), 4.3 s with 32 and 6.3 s with 64 on a 2-core machine shared
+# with the cluster; a Python client spends more CPU per request than etcd's round trip takes,
+# so more requests in flight than that buy nothing.
+
+MAIN_CONNECTIONS = 16
+"""Requests one backend has in flight at once for its ordinary calls; more wait their turn."""
+RENEWAL_CONNECTIONS = 4
+"""Requests in flight at once for renewals (``renew``, ``renew_many``), apart from the rest."""
+WATCH_CONNECTIONS = 1
+CONNECTIONS = MAIN_CONNECTIONS + RENEWAL_CONNECTIONS + WATCH_CONNECTIONS
+"""The HTTP client's connections: every lane's, and the release watch's."""
+QUEUE_WAIT = 30.0
+"""Seconds a call waits at most for a connection of its lane (or the request timeout, when
+longer). Each request in flight ends within its own timeout, so the queue always moves; the
+bound keeps a call from waiting on without end behind a crowd that keeps coming."""
+
+
+def queue_wait(timeout: float) -> float:
+    """How long a call waits for a connection of its lane, for a request ``timeout``."""
+    return max(QUEUE_WAIT, timeout)
+
+
+def queue_timeout(operation: str, lane: str, size: int, waited: float) -> BackendError:
+    """A call that waited its lane's bound for a connection: this process was busy, no
+    member failed (none was asked)."""
+    return BackendError(
+        f"{operation}: waited {waited:g} s for one of this backend's {size} connections for "
+        f"{lane} (every one busy with this process's other calls); no etcd member was asked",
+        transient=True,
+    )
+
+
+def pool_timeout(operation: str, exc: BaseException) -> BackendError:
+    """httpx gave up waiting for a connection of its own pool: a local wait, no member's
+    failure (the lanes keep it from happening; should it happen, nothing fails over)."""
+    return BackendError(
+        f"{operation}: waited for a free connection of the backend's HTTP client "
+        f"({first_line(exc)}); no etcd member was asked",
+        transient=True,
+    )
+
+
 RACES = 8
 """Rounds a guarded write is planned again after the work ID changed under it (another
 client's acquire or sweep in between); the answer then says what happened."""
@@ -512,19 +565,130 @@ def still_held_by(plan: Plan, seen: Record) -> bool:
     )
 
 
-def keepalive_answers(
-    text: str, leases: Sequence[int], operation: str
-) -> tuple[dict[int, int], BackendError | None]:
-    alive: dict[int, int] = dict.fromkeys(leases, 0)
+# -- keepalives ------------------------------------------------------------------------------
+# etcd refreshes leases only through its keepalive stream; the gateway carries it as one JSON
+# line per lease in (POST /v3/lease/keepalive) and one answer line per lease out. An answer
+# stream can come back short: the gateway is Go's net/http server, which, when a handler
+# starts writing its answer before it has read the whole request, discards the unread rest of
+# the request body (up to 256 KiB; Go issue 15527). The gateway writes the first answer as
+# soon as etcd has it, while it is still decoding lines, so the lines it had not decoded by
+# then never reach etcd: they are neither applied nor answered, and nothing says so (measured
+# on etcd 3.4: a 1,000-line request was answered 17 to 1,000 lines, always a prefix, the
+# unanswered leases' TTLs still running down; a request whose unread rest exceeds 256 KiB,
+# which Go does not discard, was always answered whole). Go's JSON decoder reads 512 bytes
+# first, so a request of at most 512 bytes is read whole before any answer is written: no
+# request of up to 512 bytes came back short in 590 tries, where 521-byte ones did 14 times
+# in 60. So requests carry at most ``KEEPALIVE_BODY_BYTES``, and any lease still unanswered
+# is sent again: an unanswered lease is unknown, never gone (etcd answers a lease it does
+# not have, with TTL 0).
+
+KEEPALIVE_BODY_BYTES = 512
+"""Bytes of keepalive lines per request: what the gateway reads before it answers."""
+
+
+def keepalive_line(lease: int) -> str:
+    """One keepalive request line (the ID as a JSON number: shorter, and etcd reads an int64
+    exactly)."""
+    return f'{{"ID":{lease}}}'
+
+
+def keepalive_bodies(leases: Sequence[int]) -> list[str]:
+    """The request bodies refreshing ``leases``: lines in order, each body at most
+    ``KEEPALIVE_BODY_BYTES`` (a line longer than that goes alone)."""
+    bodies: list[str] = []
+    lines: list[str] = []
+    size = 0
+    for lease in leases:
+        line = keepalive_line(lease)
+        grown = size + len(line) + (1 if lines else 0)
+        if lines and grown > KEEPALIVE_BODY_BYTES:
+            bodies.append("\n".join(lines))
+            lines, grown = [], len(line)
+        lines.append(line)
+        size = grown
+    if lines:
+        bodies.append("\n".join(lines))
+    return bodies
+
+
+def keepalive_answers(text: str, operation: str) -> tuple[dict[int, int], BackendError | None]:
+    """The leases one answer stream answered (lease -> TTL; 0: etcd does not have it, it is
+    gone) and the error the member reported in it, if any. A lease without an answer line is
+    not in the result: whether it was refreshed is unknown."""
+    answered: dict[int, int] = {}
     for line in text.splitlines():
         if not line.strip():
             continue
         message = json.loads(line)
         if "error" in message:
-            return alive, judge_error(503, message["error"], operation, idempotent=True).error
+            return answered, judge_error(503, message["error"], operation, idempotent=True).error
         result = message.get("result", {})
-        alive[int(result.get("ID", 0))] = int(result.get("TTL", 0))
-    return alive, None
+        if "ID" in result:
+            answered[int(result["ID"])] = max(int(result.get("TTL", 0)), 0)
+    return answered, None
+
+
+class Keepalives:
+    """One refresh of etcd leases, request by request, until every lease is answered.
+
+    ``bodies()`` gives the next round's requests (the leases still unanswered); ``take(text)``
+    records an answer stream and says whether the next request should go to another member
+    (the member reported an error, or answered none of the request's leases);
+    ``next_round()`` ends a round (``waiting`` empty: done). A round that gets no new answer
+    counts as a stall; after one stall per member (each on another member) the refresh gives
+    up with a transient ``BackendError``: the leases without an answer may or may not have
+    been refreshed, which is never reported as a loss. Every request whose stream works is
+    answered at least its first line, so a refresh sends at most about one request per lease.
+    """
+
+    def __init__(self, leases: Iterable[int], operation: str, members: int) -> None:
+        self.operation = operation
+        self.members = max(members, 1)
+        self.alive: dict[int, int] = {}
+        self.waiting: list[int] = list(dict.fromkeys(leases))
+        self._asked = len(self.waiting)
+        self._progress = 0
+        self._stalls = 0
+        self._rounds = 0
+        self._error: BackendError | None = None
+
+    def bodies(self) -> list[str]:
+        return keepalive_bodies(self.waiting)
+
+    def take(self, text: str) -> bool:
+        answered, error = keepalive_answers(text, self.operation)
+        fresh = 0
+        for lease, ttl in answered.items():
+            if lease not in self.alive:
+                self.alive[lease] = ttl
+                fresh += 1
+        self._progress += fresh
+        if error is not None:
+            self._error = error
+        return error is not None or fresh == 0
+
+    def next_round(self) -> None:
+        """End a round: ``waiting`` keeps the leases still unanswered (the next round's);
+        raises the transient error once rounds stopped getting answers."""
+        self._rounds += 1
+        self.waiting = [lease for lease in self.waiting if lease not in self.alive]
+        if not self.waiting:
+            return
+        self._stalls = 0 if self._progress else self._stalls + 1
+        self._progress = 0
+        if self._stalls >= self.members:
+            raise self.unanswered()
+
+    def unanswered(self) -> BackendError:
+        cause = f"; the member said: {self._error}" if self._error is not None else ""
+        error = BackendError(
+            f"{self.operation}: etcd answered the keepalives of {len(self.alive)} of "
+            f"{self._asked} leases; {len(self.waiting)} got no answer in {self._rounds} "
+            f"rounds, so whether they were refreshed is unknown{cause}",
+            transient=True,
+        )
+        error.__cause__ = self._error
+        return error
 
 
 def cut(plans: Sequence[Plan]) -> list[Sequence[Plan]]:

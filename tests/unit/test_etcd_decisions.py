@@ -1,6 +1,7 @@
 """The etcd backend's shared decisions (``worklease._etcd``): endpoint and prefix checks, key
-ranges, record parsing from the JSON gateway's answers, fencing-token compares and the
-meaning of error answers. Pure: no etcd needed.
+ranges, record parsing from the JSON gateway's answers, fencing-token compares, the meaning
+of error answers, keepalive requests and answers, and the waits for a connection. Pure: no
+etcd needed.
 """
 
 from __future__ import annotations
@@ -23,14 +24,25 @@ from worklease import (
     Token,
 )
 from worklease._etcd import (
+    CONNECTIONS,
+    KEEPALIVE_BODY_BYTES,
+    MAIN_CONNECTIONS,
+    QUEUE_WAIT,
+    RENEWAL_CONNECTIONS,
     TOKEN_SLOTS,
+    Keepalives,
     Record,
     WorkKeys,
     check_endpoints,
     check_prefix,
     judge_error,
+    keepalive_answers,
+    keepalive_bodies,
     lease_seconds,
+    pool_timeout,
     prefix_end,
+    queue_timeout,
+    queue_wait,
     record_of,
     records,
     same_token,
@@ -461,3 +473,148 @@ def test_every_parsed_record_comes_from_its_own_range(work_ids: Sequence[str]) -
 def test_check_endpoints_needs_a_port_and_text(given: object, message: str) -> None:
     with pytest.raises(ConfigError, match=message):
         check_endpoints(given)
+
+
+# -- keepalives ----------------------------------------------------------------------------
+
+LEASES = [7587869046386753000 + i for i in range(100)]  # etcd's IDs: 19 digits
+
+
+def answer_line(lease: int, ttl: int | None) -> str:
+    """One line of the gateway's keepalive answer stream (TTL left out when 0, as etcd does
+    for a lease it does not have)."""
+    result: dict[str, Any] = {"header": {"revision": "7"}, "ID": str(lease)}
+    if ttl is not None:
+        result["TTL"] = str(ttl)
+    return json.dumps({"result": result})
+
+
+def stream(leases: Sequence[int], ttl: int | None = 30) -> str:
+    return "\n".join(answer_line(lease, ttl) for lease in leases) + "\n"
+
+
+def lines_of(body: str) -> list[int]:
+    return [int(json.loads(line)["ID"]) for line in body.split("\n")]
+
+
+def test_keepalive_bodies_fit_what_the_gateway_reads_before_it_answers() -> None:
+    bodies = keepalive_bodies(LEASES)
+    assert [lease for body in bodies for lease in lines_of(body)] == LEASES  # each once, in order
+    assert all(len(body.encode()) <= KEEPALIVE_BODY_BYTES for body in bodies)
+    assert len(lines_of(bodies[0])) == 19  # as many 19-digit IDs as fit in 512 bytes
+    assert keepalive_bodies([]) == []
+    assert keepalive_bodies([5]) == ['{"ID":5}']
+
+
+def test_a_short_answer_stream_leaves_the_unanswered_leases_unknown_not_gone() -> None:
+    answered, error = keepalive_answers(stream(LEASES[:17]), "renew")
+    assert error is None
+    assert answered == dict.fromkeys(LEASES[:17], 30)  # the other 83 are not "TTL 0"
+
+
+def test_a_lease_etcd_does_not_have_is_answered_gone() -> None:
+    text = stream(LEASES[:1]) + answer_line(LEASES[1], None) + "\n"
+    answered, error = keepalive_answers(text, "renew")
+    assert error is None
+    assert answered == {LEASES[0]: 30, LEASES[1]: 0}
+
+
+def test_an_error_in_the_stream_keeps_what_was_answered_before_it() -> None:
+    failure = json.dumps({"error": {"grpc_code": 14, "message": "etcdserver: no leader"}})
+    answered, error = keepalive_answers(stream(LEASES[:3]) + failure + "\n", "renew")
+    assert answered == dict.fromkeys(LEASES[:3], 30)
+    assert isinstance(error, BackendError)
+    assert error.transient
+    assert "no leader" in str(error)
+
+
+def serve(refresh: Keepalives, answer: Any) -> list[bool]:
+    """Run a refresh against ``answer(body) -> stream text``; each ``take``'s verdict."""
+    verdicts: list[bool] = []
+    while refresh.waiting:
+        for body in refresh.bodies():
+            verdicts.append(refresh.take(answer(body)))
+        refresh.next_round()
+    return verdicts
+
+
+def test_leases_a_short_answer_left_out_are_sent_again_until_every_one_is_answered() -> None:
+    sent: list[int] = []
+
+    def first_half(body: str) -> str:  # every stream comes back cut in half
+        leases = lines_of(body)
+        kept = leases[: (len(leases) + 1) // 2]
+        sent.extend(leases)
+        return stream(kept)
+
+    refresh = Keepalives(LEASES, "renew", members=3)
+    verdicts = serve(refresh, first_half)
+    assert refresh.alive == dict.fromkeys(LEASES, 30)
+    assert not any(verdicts)  # every stream answered something: no member to leave
+    assert set(sent) == set(LEASES)
+    assert len(sent) > len(LEASES)  # the unanswered ones went again
+
+
+def test_a_lease_answered_gone_is_not_sent_again() -> None:
+    sent: list[int] = []
+
+    def gone(body: str) -> str:
+        sent.extend(lines_of(body))
+        return stream(lines_of(body), ttl=None)
+
+    refresh = Keepalives(LEASES[:3], "renew", members=3)
+    serve(refresh, gone)
+    assert refresh.alive == dict.fromkeys(LEASES[:3], 0)
+    assert sent == LEASES[:3]
+
+
+def test_keepalives_nobody_answers_end_in_a_transient_error_after_one_round_per_member() -> None:
+    rounds: list[int] = []
+
+    def nothing(body: str) -> str:
+        rounds.append(len(lines_of(body)))
+        return ""
+
+    refresh = Keepalives(LEASES[:5], "renew", members=3)
+    with pytest.raises(BackendError) as caught:
+        serve(refresh, nothing)
+    assert caught.value.transient
+    assert not isinstance(caught.value, LeaseExpiredError)
+    assert rounds == [5, 5, 5]  # each round on another member, then it gives up
+    assert "0 of 5 leases" in str(caught.value)
+    assert refresh.alive == {}
+
+
+def test_a_member_reporting_an_error_is_left_for_the_next_and_named_in_the_end() -> None:
+    failure = json.dumps({"error": {"grpc_code": 14, "message": "etcdserver: no leader"}})
+    refresh = Keepalives(LEASES[:2], "renew", members=2)
+    assert refresh.take(failure) is True  # try another member
+    refresh.next_round()
+    assert refresh.take(stream(LEASES[:1])) is False
+    refresh.next_round()  # progress: no stall
+    assert refresh.waiting == LEASES[1:2]
+    assert refresh.take(failure) is True
+    refresh.next_round()
+    assert refresh.take(failure) is True
+    with pytest.raises(BackendError, match="no leader") as caught:
+        refresh.next_round()
+    assert "1 of 2 leases" in str(caught.value)
+
+
+# -- waiting for a connection --------------------------------------------------------------
+
+
+def test_waiting_for_a_connection_is_named_and_is_no_members_failure() -> None:
+    error = queue_timeout("acquire", "calls", MAIN_CONNECTIONS, queue_wait(5.0))
+    assert error.transient
+    assert f"{MAIN_CONNECTIONS} connections for calls" in str(error)
+    assert "no etcd member was asked" in str(error)
+    local = pool_timeout("renew", TimeoutError("timed out"))
+    assert local.transient
+    assert "no etcd member was asked" in str(local)
+
+
+def test_the_wait_for_a_connection_is_not_the_request_timeout() -> None:
+    assert queue_wait(1.0) == QUEUE_WAIT
+    assert queue_wait(60.0) == 60.0
+    assert CONNECTIONS == MAIN_CONNECTIONS + RENEWAL_CONNECTIONS + 1  # and the watch's

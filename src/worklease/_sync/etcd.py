@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import logging
 import ssl
+from collections import deque
 from collections.abc import Iterable, Sequence
 from datetime import UTC, datetime
 from types import TracebackType
@@ -25,11 +26,15 @@ except ImportError as exc:  # pragma: no cover - depends on the installation
         "(pip install 'worklease[etcd]')"
     ) from exc
 
-from .._acompat import Event, Worker, cancel_worker, join_all, spawn
+from .._acompat import Event, ThreadLock, Worker, cancel_worker, join_all, spawn
 from .._etcd import (
     ACQUIRE_COMPARES,
     ACQUIRE_OPS,
+    CONNECTIONS,
+    MAIN_CONNECTIONS,
     RACES,
+    RENEWAL_CONNECTIONS,
+    Keepalives,
     Plan,
     Record,
     WorkKeys,
@@ -46,9 +51,11 @@ from .._etcd import (
     delete,
     expiry,
     judge_error,
-    keepalive_answers,
     lease_seconds,
+    pool_timeout,
     prefix_end,
+    queue_timeout,
+    queue_wait,
     range_kvs,
     record_of,
     records,
@@ -93,6 +100,51 @@ logger = logging.getLogger("worklease")
 _WATCH_TICK = 5.0
 """How long the release watch waits for news before it reconnects (a thread notices a stop
 at that pace; the watch resumes from the last revision it saw, so nothing is missed)."""
+
+
+class _Lane:
+    """Connections for one kind of call: at most ``size`` requests in flight, the callers
+    beyond waiting their turn, first come first served (``_etcd``'s connections note)."""
+
+    def __init__(self, name: str, size: int) -> None:
+        self.name = name
+        self.size = size
+        self._lock = ThreadLock()
+        self._free = size
+        self._queue: deque[Event] = deque()
+
+    def enter(self, wait: float) -> bool:
+        """Take a connection, waiting up to ``wait`` seconds for one; False if none came."""
+        with self._lock:
+            if self._free > 0:
+                self._free -= 1
+                return True
+            turn = Event()
+            self._queue.append(turn)
+        try:
+            if turn.wait(wait):
+                return True
+        except BaseException:
+            if self._give_up(turn):
+                self.leave()  # it came just now: hand it on
+            raise
+        return self._give_up(turn)
+
+    def _give_up(self, turn: Event) -> bool:
+        """Leave the queue; True when the connection was handed over meanwhile."""
+        with self._lock:
+            if turn.is_set():
+                return True
+            self._queue.remove(turn)
+            return False
+
+    def leave(self) -> None:
+        """Give the connection back: to the first caller waiting, else to the lane."""
+        with self._lock:
+            if self._queue:
+                self._queue.popleft().set()
+            else:
+                self._free += 1
 
 
 class EtcdBackend:
@@ -157,11 +209,15 @@ class EtcdBackend:
             verify = ssl_context
         elif ca_file or cert_file:
             verify = tls_context(ca_file, cert_file, key_file)
+        # Every request a lane lets through finds a connection: httpx's pool never queues.
         self._client = httpx.Client(
             verify=verify,
             timeout=self._timeout,
-            limits=httpx.Limits(max_connections=64, max_keepalive_connections=16),
+            limits=httpx.Limits(max_connections=CONNECTIONS, max_keepalive_connections=CONNECTIONS),
         )
+        self._calls = _Lane("calls", MAIN_CONNECTIONS)
+        self._renewals = _Lane("renewals", RENEWAL_CONNECTIONS)
+        self._queue_wait = queue_wait(self._timeout)
         self._preferred = 0
         self._auth_token: str | None = None
         # work ID -> (fencing token, holder, etcd lease, its TTL): the lease of each grant
@@ -196,7 +252,7 @@ class EtcdBackend:
         if self._closed:
             raise closed(operation)
 
-    def _headers(self, operation: str) -> dict[str, str]:
+    def _headers(self, operation: str, lane: _Lane | None = None) -> dict[str, str]:
         if self._credentials is None:
             return {}
         if self._auth_token is None:
@@ -207,6 +263,7 @@ class EtcdBackend:
                 idempotent=True,
                 body={"name": name, "password": password},
                 authenticate=False,
+                lane=lane,
             )
             self._auth_token = str(answer.json()["token"])
         return {"Authorization": self._auth_token}
@@ -220,18 +277,27 @@ class EtcdBackend:
         body: dict[str, Any] | None = None,
         content: str | None = None,
         authenticate: bool = True,
+        lane: _Lane | None = None,
     ) -> httpx.Response:
-        """One request, to the preferred member and then the others while that is safe."""
+        """One request, to the preferred member and then the others while that is safe.
+
+        It waits for a connection of its ``lane`` (ordinary calls by default) first: that
+        wait is this process's, so it never counts against a member."""
         self._open(operation)
+        lane = lane or self._calls
         count = len(self._endpoints)
-        first = self._preferred
+        first: int | None = None
         last: BaseException | None = None
         reauthenticated = False
         attempt = 0
         while attempt < count:
+            headers = self._headers(operation, lane) if authenticate else {}
+            if not lane.enter(self._queue_wait):
+                raise queue_timeout(operation, lane.name, lane.size, self._queue_wait)
+            if first is None:  # the member preferred once it is this call's turn
+                first = self._preferred
             index = (first + attempt) % count
             endpoint = self._endpoints[index]
-            headers = self._headers(operation) if authenticate else {}
             try:
                 if content is not None:
                     headers["Content-Type"] = "application/json"
@@ -240,7 +306,9 @@ class EtcdBackend:
                     response = self._client.post(endpoint + path, json=body, headers=headers)
             except ssl.SSLError as exc:  # raised bare by some transports
                 raise tls_failed(operation, endpoint, exc) from exc
-            except (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout) as exc:
+            except httpx.PoolTimeout as exc:  # waiting for this client: no member's failure
+                raise pool_timeout(operation, exc) from exc
+            except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
                 if (tls := tls_cause(exc)) is not None:
                     raise tls_failed(operation, endpoint, tls) from exc
                 last = exc  # never delivered: the next member may take it
@@ -260,6 +328,8 @@ class EtcdBackend:
                     "whether it was applied is unknown",
                     transient=True,
                 ) from exc
+            finally:
+                lane.leave()
             if response.status_code == 200:
                 self._preferred = index
                 return response
@@ -285,19 +355,23 @@ class EtcdBackend:
             transient=True,
         ) from last
 
-    def _txn(self, body: dict[str, Any], operation: str) -> dict[str, Any]:
+    def _txn(
+        self, body: dict[str, Any], operation: str, lane: _Lane | None = None
+    ) -> dict[str, Any]:
         # Reads only (a snapshot of ranges): safe to send to another member after no answer.
         writes = any("request_range" not in op for op in (*body["success"], *body["failure"]))
-        response = self._post("/v3/kv/txn", operation, idempotent=not writes, body=body)
+        response = self._post("/v3/kv/txn", operation, idempotent=not writes, body=body, lane=lane)
         answer: dict[str, Any] = response.json()
         return answer
 
-    def _read_many(self, keys: Sequence[WorkKeys], operation: str) -> dict[str, Record]:
+    def _read_many(
+        self, keys: Sequence[WorkKeys], operation: str, lane: _Lane | None = None
+    ) -> dict[str, Record]:
         """Every key of each work ID, read in as few read-only transactions as fit."""
         found: dict[str, Record] = {}
         for part in chunks(keys, 1):
             # No compares: the transaction succeeds and runs its reads as one snapshot.
-            answer = self._txn(txn([], [k.read() for k in part], []), operation)
+            answer = self._txn(txn([], [k.read() for k in part], []), operation, lane)
             found.update(records(self._prefix, range_kvs(answer.get("responses"))))
         return {k.work_id: found.get(k.work_id) or Record(k.work_id) for k in keys}
 
@@ -310,32 +384,38 @@ class EtcdBackend:
         )
         return record_of(self._prefix, keys.work_id, response.json().get("kvs", ()))
 
-    def _grant(self, ttl: float, operation: str) -> int:
+    def _grant(self, ttl: float, operation: str, lane: _Lane | None = None) -> int:
         response = self._post(
-            "/v3/lease/grant", operation, idempotent=True, body={"TTL": lease_seconds(ttl)}
+            "/v3/lease/grant",
+            operation,
+            idempotent=True,
+            body={"TTL": lease_seconds(ttl)},
+            lane=lane,
         )
         return int(response.json()["ID"])
 
-    def _keepalive(self, leases: Sequence[int], operation: str) -> dict[int, int]:
-        """Refresh etcd leases in one request: lease -> its TTL (0: it is gone). Refreshing
-        is safe to repeat, so an error reported inside the stream moves on to the next
-        member like a refused connection does."""
-        if not leases:
-            return {}
-        content = "\n".join(json.dumps({"ID": str(lease)}) for lease in leases)
-        error: BackendError | None = None
-        for _ in self._endpoints:
-            response = self._post(
-                "/v3/lease/keepalive", operation, idempotent=True, content=content
-            )
-            alive, error = keepalive_answers(response.text, leases, operation)
-            if error is None:
-                return alive
-            self._preferred = (self._preferred + 1) % len(self._endpoints)
-        assert error is not None
-        raise error
+    def _keepalive(
+        self, leases: Sequence[int], operation: str, lane: _Lane | None = None
+    ) -> dict[int, int]:
+        """Refresh etcd leases: lease -> its TTL (0: etcd answered it is gone), every lease
+        answered. Requests small enough for the gateway to read whole before it answers;
+        leases a short answer left out are sent again (``Keepalives``). Refreshing is safe to
+        repeat, so a member reporting an error, or answering nothing, is left for the next;
+        leases still unanswered then raise a transient ``BackendError``, never a loss."""
+        refresh = Keepalives(leases, operation, len(self._endpoints))
+        while refresh.waiting:
+            for content in refresh.bodies():
+                response = self._post(
+                    "/v3/lease/keepalive", operation, idempotent=True, content=content, lane=lane
+                )
+                if refresh.take(response.text):
+                    self._preferred = (self._preferred + 1) % len(self._endpoints)
+            refresh.next_round()
+        return refresh.alive
 
-    def _commit(self, plans: Sequence[Plan], operation: str) -> dict[int, int | Record]:
+    def _commit(
+        self, plans: Sequence[Plan], operation: str, lane: _Lane | None = None
+    ) -> dict[int, int | Record]:
         """Send the plans (as few transactions as etcd's limits allow): plan index -> the
         revision of the transaction that wrote it, else the work ID's record read back (a
         chunk fails as a whole, so the record may show nothing wrong: the caller plans it
@@ -345,7 +425,7 @@ class EtcdBackend:
             compares = [c for plan in part for c in plan.compares]
             writes = [w for plan in part for w in plan.writes]
             answer = self._txn(
-                txn(compares, writes, [plan.keys.read() for plan in part]), operation
+                txn(compares, writes, [plan.keys.read() for plan in part]), operation, lane
             )
             if answer.get("succeeded"):
                 revision = int(answer["header"]["revision"])
@@ -649,20 +729,24 @@ class EtcdBackend:
         # A grant made here: refresh its etcd lease, then stamp the work ID while the hold
         # is still attached to that lease and the token is still the grant (a refreshed etcd
         # lease alone proves nothing once the hold was deleted). Anything else: read first.
+        # Renewals have connections of their own: a crowd of other calls never delays them.
+        lane = self._renewals
         cached = {i: self._cached(token, ttl) for i, token in enumerate(tokens) if ttl > 0}
-        alive = self._keepalive([lease for lease in cached.values() if lease], "renew")
+        leases = [lease for lease in cached.values() if lease]
+        alive = self._keepalive(leases, "renew", lane)
         known = {i: lease for i, lease in cached.items() if lease and alive.get(lease, 0) > 0}
         unknown = [i for i in range(len(tokens)) if i not in known]
         pending: dict[int, Record | None] = dict.fromkeys(known)
         if unknown:
-            seen = self._read_many([self._keys(tokens[i].work_id) for i in unknown], "renew")
+            keys = [self._keys(tokens[i].work_id) for i in unknown]
+            seen = self._read_many(keys, "renew", lane)
             for i in unknown:
                 pending[i] = seen[tokens[i].work_id]
         for _ in range(RACES):
             plans = self._renew_plans(tokens, ttl, pending, known, outcomes)
             if not plans:
                 return outcomes
-            done = self._commit(plans, "renew")
+            done = self._commit(plans, "renew", lane)
             pending = {}
             for plan in plans:
                 result = done[plan.index]
@@ -708,7 +792,7 @@ class EtcdBackend:
         # Held under an etcd lease this instance did not grant (or with another TTL): refresh
         # it when its TTL is the one asked for, else move the hold to a fresh one.
         leases = {i: record.hold_lease for i in regrant if (record := pending[i]) is not None}
-        refreshed = self._keepalive(list(leases.values()), "renew")
+        refreshed = self._keepalive(list(leases.values()), "renew", self._renewals)
         for i in regrant:
             token, lease = tokens[i], leases[i]
             keys = self._keys(token.work_id)
@@ -718,7 +802,7 @@ class EtcdBackend:
             elif granted == lease_seconds(ttl):
                 plans.append(renew_held(i, keys, token, wall_clock(), lease))
             else:
-                fresh = self._grant(ttl, "renew")
+                fresh = self._grant(ttl, "renew", self._renewals)
                 plans.append(renew_moved(i, keys, token, wall_clock(), lease, fresh))
         return plans
 
