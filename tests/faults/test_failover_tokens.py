@@ -215,9 +215,14 @@ class _Record:
     def first_ack_after(self, moment: float) -> float | None:
         return next((at for _, at in self.acked if at > moment), None)
 
-    def rides_out(self, exc: BackendError) -> bool:
-        """A failure the holder retries: transient, or a step whose COMMIT lost its
-        connection (it writes its next value anyway; a real holder would read first)."""
+    def rides_out(self, exc: BackendError | psycopg.OperationalError) -> bool:
+        """A failure the holder retries: transient, a step whose COMMIT lost its connection
+        (it writes its next value anyway; a real holder would read first), or the holder's
+        own statement in a step losing its connection (psycopg's error, as for any
+        statement of the application's)."""
+        if isinstance(exc, psycopg.OperationalError):
+            self.failures += 1
+            return True
         if exc.transient or UNKNOWN_COMMIT in str(exc):
             self.failures += 1
             return True
@@ -252,7 +257,7 @@ class _Holder(threading.Thread):
                                 tx.checkpoint(str(n).encode())
                         else:
                             held.checkpoint(str(n).encode())
-                    except BackendError as exc:
+                    except (BackendError, psycopg.OperationalError) as exc:
                         if not record.rides_out(exc):
                             raise
                         time.sleep(0.05)
@@ -303,7 +308,7 @@ class _AsyncHolders(threading.Thread):
                                 tx.checkpoint(str(n).encode())
                         else:
                             await held.checkpoint(str(n).encode())
-                    except BackendError as exc:
+                    except (BackendError, psycopg.OperationalError) as exc:
                         if not record.rides_out(exc):
                             raise
                         await asyncio.sleep(0.05)
