@@ -8,7 +8,7 @@ with a loud reason; with ``CI=true`` a skipped test of either kind fails the run
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 
 import pytest
 
@@ -81,6 +81,29 @@ def pgbouncer_dsn(pgbouncer: pg.PgBouncer, postgres_dsn: str) -> Iterator[str]:
     yield routed
     leaked = pg.pooled_listeners(routed, postgres_dsn)
     assert leaked == 0, f"{leaked} PgBouncer server connection(s) left LISTENing"
+
+
+_SECRETS = pg.run_secrets()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(
+    item: pytest.Item, call: pytest.CallInfo[None]
+) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+    """No report shows the run's password (``WORKLEASE_TEST_DSN``'s, ``PGPASSWORD``): a
+    failure's traceback prints each frame's arguments, DSNs among them."""
+    report = yield
+    pg.scrub_report(report, _SECRETS)
+    return report
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_make_collect_report(
+    collector: pytest.Collector,
+) -> Generator[None, pytest.CollectReport, pytest.CollectReport]:
+    report = yield
+    pg.scrub_report(report, _SECRETS)
+    return report
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:

