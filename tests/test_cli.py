@@ -337,8 +337,8 @@ def test_check_fails_when_the_processes_pools_exceed_max_connections(postgres_ds
         "current_setting('superuser_reserved_connections')::int",
     )
     allowed = limit - reserved
-    pool_size = max(allowed // 2 - 7, 1)  # two processes of pool_size + 8 each: one too many
-    need = 2 * (pool_size + 8)
+    pool_size = max(allowed // 2 - 9, 1)  # two processes of pool_size + 10 each: one too many
+    need = 2 * (pool_size + 10)
     assert need > allowed
     result = run("check", "--dsn", postgres_dsn, "--pool-size", str(pool_size), "--processes", "2")
     assert result.returncode == 1, result.stdout + result.stderr

@@ -17,7 +17,7 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from ._duration import format_duration
 from ._pg import (
-    DIRECT_SLOTS,
+    DIRECT_CONNECTIONS,
     FENCE,
     INDEX,
     LISTENER_CONNECTIONS,
@@ -773,7 +773,7 @@ def sizing_rule(pool_size: int, processes: int) -> tuple[int, str]:
     unit = "process" if processes == 1 else "processes"
     return need, (
         f"{need} connections for {processes} {unit} ({each} each: pool max_size {pool_size} "
-        f"+ {RENEWAL_POOL_SIZE} renewal + {DIRECT_SLOTS} direct + {LISTENER_CONNECTIONS} "
+        f"+ {RENEWAL_POOL_SIZE} renewal + {DIRECT_CONNECTIONS} direct + {LISTENER_CONNECTIONS} "
         "listener)"
     )
 

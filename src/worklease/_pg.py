@@ -37,6 +37,7 @@ from psycopg import errors as pg_errors
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict
 
+from ._acompat import ThreadLock
 from ._failures import fenced, held, lease_expired, lease_lapsed
 from ._fairshare import MEMBER_PREFIX, PoolSurvey
 from ._models import Checkpoint, ExitMode, Token
@@ -154,6 +155,7 @@ def prepares(mode: bool | None, traits: ConnectionTraits, conn: Any) -> bool:
 
 
 _WARNED_ROUTES: set[tuple[str, str, str]] = set()
+_WARNED_LOCK = ThreadLock()
 
 PROXIED_WARNING = (
     "worklease: {route} reaches PostgreSQL through a proxy (the server process answering is "
@@ -175,9 +177,10 @@ def _warn_proxied(conn: Any) -> None:
     application's own statements need there."""
     info = conn.info
     route = (str(info.host), str(info.port), str(info.dbname))
-    if route in _WARNED_ROUTES:
-        return
-    _WARNED_ROUTES.add(route)
+    with _WARNED_LOCK:
+        if route in _WARNED_ROUTES:
+            return
+        _WARNED_ROUTES.add(route)
     threshold = getattr(conn, "prepare_threshold", None)
     own = _OWN_AT_RISK if threshold is not None else ""
     where = f"the connection to {route[0]}:{route[1]} database {route[2]!r}"
@@ -187,8 +190,10 @@ def _warn_proxied(conn: Any) -> None:
 RENEWAL_POOL_SIZE = 4
 """Connections of a backend's private pool (renewals, a pool's surveys and batches)."""
 DIRECT_SLOTS = 2
-"""How many calls may run on connections of their own at once (per backend), when the pool
-they would use has none to give (a failover, a saturated application pool)."""
+"""How many calls may run on connections of their own at once, per pool of a backend (the
+application's and the private one each), when the pool is failing (``PoolTrouble``)."""
+DIRECT_CONNECTIONS = 2 * DIRECT_SLOTS
+"""The direct slots of one backend: its two pools' together."""
 LISTENER_CONNECTIONS = 2
 """The release listener's connection, and the second one its route check opens for a moment
 at each (re)connect."""
@@ -200,40 +205,82 @@ class PoolTrouble:
     of its own (a direct slot): psycopg_pool reconnects on a backoff that starts at 1 s and
     doubles, which would hold every write back for seconds after the server is back.
 
-    The signs: the pool never served this backend yet (a pool that cannot connect at all:
-    one direct attempt tells why, at once), its own counters of failed connection attempts
-    and lost connections moved, or a statement of this backend lost its connection, within
-    the last ``span`` seconds. A pool that is only busy is waited for, as before. No I/O;
-    races between threads only make a judgement one call late."""
+    The signs, judged when a checkout timed out: the pool never served this backend (a pool
+    that cannot connect at all: one direct attempt tells why, at once); the pool's own
+    counters of failed connection attempts and lost connections moved since it last served
+    (the baseline is refreshed at most every ``refresh`` seconds, on a checkout that was
+    served); or a statement lost its connection since it last served. A pool that serves
+    again is out of trouble; one that is only busy is waited for. No I/O; races between
+    threads only make a judgement one call late."""
 
-    span = 60.0
+    refresh = 1.0
 
     def __init__(self) -> None:
         self.served = False
         self._failures: int | None = None
-        self._until = -math.inf
+        self._baseline_at = -math.inf
+        self._lost = False
+        self._suspect = False
 
-    def suspected(self, now: float) -> bool:
-        """Trouble was seen recently: a checkout waits only briefly before going around."""
-        return now < self._until
+    @staticmethod
+    def failures(stats: dict[str, int]) -> int:
+        return sum(stats.get(k, 0) for k in ("connections_errors", "connections_lost"))
 
-    def connection_failed(self, now: float) -> None:
-        self._until = now + self.span
+    def suspected(self) -> bool:
+        """Judged failing, and not served since: a checkout waits only briefly before going
+        around."""
+        return self._suspect
 
-    def judge(self, stats: dict[str, int], now: float) -> bool:
+    def serve(self, now: float) -> bool:
+        """The pool handed out a connection; ``True`` when the caller should refresh the
+        baseline (``baseline(pool.get_stats(), now)``)."""
+        self.served = True
+        self._suspect = self._lost = False
+        return now - self._baseline_at >= self.refresh
+
+    def baseline(self, stats: dict[str, int], now: float) -> None:
+        self._failures = self.failures(stats)
+        self._baseline_at = now
+
+    def connection_lost(self) -> None:
+        """A statement on one of the pool's connections lost it (``lost_connection``)."""
+        self._lost = self._suspect = True
+
+    def judge(self, stats: dict[str, int]) -> bool:
         """At a checkout that timed out: whether to go around the pool (``stats`` are
         ``pool.get_stats()``)."""
-        failures = sum(stats.get(k, 0) for k in ("connections_errors", "connections_lost"))
-        if failures and failures != self._failures:
-            self._until = now + self.span
-        self._failures = failures
-        return not self.served or now < self._until
+        failures = self.failures(stats)
+        moved = self._failures is not None and failures != self._failures
+        if self._failures is None:  # first look: a baseline, not a sign
+            self._failures = failures
+        troubled = not self.served or moved or self._lost
+        self._suspect = troubled
+        return troubled
+
+
+def lost_connection(error: BaseException) -> bool:
+    """Whether a statement's error means its connection is gone (the server went away,
+    shut down, or turned out to be a standby), as opposed to an error of the statement
+    (a cancel at its bound, a deadlock, a serialization failure), after which worklease
+    itself drops the connection."""
+    if type(error) in (psycopg.OperationalError, psycopg.InterfaceError):
+        return True
+    return isinstance(
+        error,
+        (
+            pg_errors.AdminShutdown,
+            pg_errors.CrashShutdown,
+            pg_errors.CannotConnectNow,
+            pg_errors.ReadOnlySqlTransaction,
+        ),
+    )
 
 
 def connections_per_backend(pool_max_size: int) -> int:
     """The most server connections one backend opens: its application pool's ``max_size``,
-    its private pool, its direct slots and its listener (the sizing rule of the guide)."""
-    return pool_max_size + RENEWAL_POOL_SIZE + DIRECT_SLOTS + LISTENER_CONNECTIONS
+    its private pool, the direct slots of both and its listener (the sizing rule of the
+    guide)."""
+    return pool_max_size + RENEWAL_POOL_SIZE + DIRECT_CONNECTIONS + LISTENER_CONNECTIONS
 
 
 TABLE = "worklease_leases"
@@ -281,8 +328,14 @@ def check_conninfo(conninfo: object) -> str:
     try:
         conninfo_to_dict(conninfo)
     except psycopg.ProgrammingError as exc:
-        detail = " ".join(str(exc).split())
-        raise ConfigError(f"not a valid conninfo string: {detail}") from None
+        # libpq quotes the text around the error, which may be part of a password: only an
+        # unknown parameter's name is repeated.
+        named = re.search(r'invalid (?:connection option|URI query parameter):? "[^"]*"', str(exc))
+        detail = named.group(0) if named else "libpq cannot parse it"
+        raise ConfigError(
+            f"not a valid conninfo string ({detail}; look for a missing '=', an unterminated "
+            "quote or a misspelt parameter)"
+        ) from None
     return conninfo
 
 
@@ -887,10 +940,8 @@ _TRANSIENT = (
 
 _SCHEMA_ERROR = re.compile(r'worklease_leases" does not exist')
 
-_PERMANENT_CONNECT_CODES = frozenset({"28000", "28P01", "3D000", "42501"})
-"""invalid authorization, invalid password, unknown database, insufficient privilege."""
 _PERMANENT_CONNECT = re.compile(
-    r"password authentication failed|authentication failed for user|"
+    r"password authentication failed|"
     r'role "[^"]*" does not exist|database "[^"]*" does not exist|'
     r"no pg_hba\.conf entry|pg_hba\.conf rejects|no password supplied|password is required|"
     r"is not permitted to log in|permission denied for database|"
@@ -900,21 +951,27 @@ _PERMANENT_CONNECT = re.compile(
 )
 """What libpq and the server say when connecting can never work with these settings (the
 server's words are English unless its lc_messages says otherwise; psycopg gives no SQLSTATE
-for a failed connection attempt)."""
+for a failed connection attempt). LDAP, RADIUS and PAM failures are left out: the server
+reports an unreachable authentication service with the same words as a wrong password."""
+_EACH_HOST = re.compile(r"^- host: .*$", re.MULTILINE)
+"""One line per host of libpq's message when every host of a multi-host DSN failed."""
 
 
 def permanent_connect_failure(error: psycopg.Error) -> bool:
     """Whether a failed connection attempt fails for good: wrong credentials, an unknown
     role or database, a refused ``pg_hba.conf`` entry, a TLS requirement not met, or
-    settings libpq cannot parse. A refused or timed-out connection, a server starting up,
-    shutting down or in recovery, or out of connection slots may come back: transient."""
+    settings libpq cannot parse; with a multi-host DSN, only when every host failed so. A
+    refused or timed-out connection, a server starting up, shutting down or in recovery, or
+    out of connection slots may come back: transient."""
     if isinstance(error, psycopg.ProgrammingError):  # the conninfo itself is malformed
         return True
     if not isinstance(error, psycopg.OperationalError):
         return False
-    if getattr(error, "sqlstate", None) in _PERMANENT_CONNECT_CODES:
-        return True
-    return _PERMANENT_CONNECT.search(str(error)) is not None
+    text = str(error)
+    hosts = _EACH_HOST.findall(text)
+    if hosts:
+        return all(_PERMANENT_CONNECT.search(line) for line in hosts)
+    return _PERMANENT_CONNECT.search(text) is not None
 
 
 def connection_error(error: psycopg.Error, operation: str) -> BackendError:
@@ -933,7 +990,7 @@ def connection_error(error: psycopg.Error, operation: str) -> BackendError:
 
 READ_ONLY_CAUSE = (
     b"SELECT pg_is_in_recovery(), current_setting('default_transaction_read_only'), "
-    b"current_setting('transaction_read_only')"
+    b"(SELECT source FROM pg_settings WHERE name = 'default_transaction_read_only')"
 )
 """Asked after a write was refused as read-only: a standby (a failover in progress: the
 pool must reconnect, to the new primary) or a read-only role or database (for good)."""
@@ -941,24 +998,21 @@ pool must reconnect, to the new primary) or a read-only role or database (for go
 
 def read_only_error(operation: str, rows: Rows) -> BackendError | None:
     """From ``READ_ONLY_CAUSE``: a permanent ``BackendError`` when the server is a primary
-    and the session is read-only by its settings, else ``None`` (the refusal stays
-    transient)."""
+    and ``default_transaction_read_only`` is on by a setting every session of this role gets
+    (role, database, server configuration, the connection's options), else ``None``: the
+    refusal stays transient (a standby during a failover, a server promoted since, or a
+    ``SET`` left behind on a session a pooler shares)."""
     if not rows:
         return None
-    in_recovery, default_read_only, read_only = rows[0]
-    if in_recovery:
+    in_recovery, default_read_only, source = rows[0]
+    if in_recovery or default_read_only != "on" or source == "session":
         return None
-    setting = (
-        "default_transaction_read_only = on (set for this role, this database or the server)"
-        if default_read_only == "on"
-        else "transaction_read_only = on"
-        if read_only == "on"
-        else "a read-only session"
-    )
     return BackendError(
         f"{operation}: PostgreSQL refused the write (permanent): the server is a primary, not "
-        f"in recovery, but {setting}; worklease needs a role and database that may write "
-        "(`worklease check` names the setting)"
+        f"in recovery, but default_transaction_read_only = on (from {source or 'unknown'}: "
+        "the role, the database, the server's configuration or the connection's options); "
+        "worklease needs a role and database that may write (`worklease check` names the "
+        "setting)"
     )
 
 

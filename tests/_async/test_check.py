@@ -66,7 +66,7 @@ async def test_a_ready_primary_without_a_standby_is_ok_but_warns_no_failover_is_
     assert report.ok
     assert not report.clean
     assert "a write to worklease_leases is accepted" in report["writes"].detail
-    assert "12 connections for 1 process" in report["connections"].detail
+    assert "14 connections for 1 process" in report["connections"].detail
     assert "handoff is instant" in report["listen"].detail
     assert report.to_dict()["findings"][0]["name"] == "connection"
 
@@ -113,13 +113,13 @@ async def test_behind_pgbouncer_in_session_mode_a_pool_of_20_does_not_fit_its_de
     database = conninfo_to_dict(postgres_dsn)["dbname"]
     default = await acheck_postgres(routed, probe_timeout=2.0)
     assert default["connections"].status == "ok"
-    assert default["connections"].detail.startswith("PgBouncer in session mode: 12 connections")
+    assert default["connections"].detail.startswith("PgBouncer in session mode: 14 connections")
     assert default["pooler"].status == "ok"  # session pooling shares no sessions
     twenty = await acheck_postgres(routed, pool_size=20, probe_timeout=2.0)
     finding = twenty["connections"]
     assert finding.status == "fail"
     assert f"its pool for database '{database}' has 20" in finding.detail
-    assert "28 connections for 1 process (28 each: pool max_size 20 + 4 renewal" in finding.detail
+    assert "30 connections for 1 process (30 each: pool max_size 20 + 4 renewal" in finding.detail
     assert not twenty.ok
 
 

@@ -342,11 +342,11 @@ def test_hosts_one_primary_and_how_the_route_reaches_it() -> None:
 
 
 def test_the_sizing_rule_is_the_backend_s() -> None:
-    assert sizing_rule(20, 1)[0] == connections_per_backend(20) == 28
+    assert sizing_rule(20, 1)[0] == connections_per_backend(20) == 30
     need, rule = sizing_rule(4, 3)
     assert need == 3 * connections_per_backend(4)
     assert rule == (
-        "36 connections for 3 processes (12 each: pool max_size 4 + 4 renewal + 2 direct "
+        "42 connections for 3 processes (14 each: pool max_size 4 + 4 renewal + 4 direct "
         "+ 2 listener)"
     )
 
@@ -365,20 +365,20 @@ def test_pgbouncer_in_session_mode_with_its_default_pool_cannot_fit_a_pool_of_20
     assert finding.status == "fail"
     assert "PgBouncer in session mode" in finding.detail
     assert "its pool for database 'app' has 20" in finding.detail
-    assert "28 connections for 1 process" in finding.detail
+    assert "30 connections for 1 process" in finding.detail
     assert "default_pool_size" in finding.detail
 
 
 @pytest.mark.parametrize(
     ("pool", "size", "processes", "status"),
     [
-        (SESSION_POOL, 4, 1, "ok"),  # 12 of 20
-        (SESSION_POOL, 8, 1, "ok"),  # 16 of 20
-        (SESSION_POOL, 9, 1, "warn"),  # 17 of 20: near
-        (SESSION_POOL, 4, 2, "fail"),  # 24 of 20
-        (BouncerPool("app", "session", 20, reserve_pool=10), 16, 1, "warn"),  # 24: reserve
-        (BouncerPool("app", "session", 40, max_db_connections=20), 16, 1, "fail"),
-        (BouncerPool("app", "transaction", 20, max_client_conn=100), 20, 3, "ok"),
+        (SESSION_POOL, 4, 1, "ok"),  # 14 of 20
+        (SESSION_POOL, 6, 1, "ok"),  # 16 of 20
+        (SESSION_POOL, 7, 1, "warn"),  # 17 of 20: near
+        (SESSION_POOL, 4, 2, "fail"),  # 28 of 20
+        (BouncerPool("app", "session", 20, reserve_pool=10), 14, 1, "warn"),  # 24: reserve
+        (BouncerPool("app", "session", 40, max_db_connections=20), 14, 1, "fail"),
+        (BouncerPool("app", "transaction", 20, max_client_conn=100), 18, 3, "ok"),
         (BouncerPool("app", "transaction", 20, max_client_conn=50), 20, 2, "fail"),
         (BouncerPool("app", "session", 100, max_client_conn=50), 20, 2, "fail"),
     ],
@@ -394,8 +394,8 @@ SERVER = ServerLimits(100, 3, "app", database="app", in_use=5)
     ("server", "size", "processes", "status", "named"),
     [
         (SERVER, 4, 1, "ok", "the 97 the server allows (max_connections 100 - superuser_reserved"),
-        (SERVER, 20, 3, "warn", "near the 97"),  # 84 of 97
-        (SERVER, 20, 4, "fail", "112 connections for 4 processes"),
+        (SERVER, 18, 3, "warn", "near the 97"),  # 84 of 97
+        (SERVER, 18, 4, "fail", "112 connections for 4 processes"),
         (ServerLimits(100, 3, "app", role_limit=10), 4, 1, "fail", "LIMIT of role 'app'"),
         (ServerLimits(100, 3, "app", -1, "d", 20), 4, 1, "ok", "LIMIT of database 'd'"),
         (ServerLimits(100, 3, "app", role_reserved=5), 90, 1, "fail", "reserved_connections 5"),
@@ -415,7 +415,7 @@ def test_a_proxy_that_cannot_be_read_warns_with_the_rule_and_never_passes() -> N
     finding = judge_connections(20, 1, SERVER, proxy=note)
     assert finding.status == "warn"
     assert finding.detail.startswith("PgBouncer is in between and its admin console refuses")
-    assert "needs 28 server connections" in finding.detail
+    assert "needs 30 server connections" in finding.detail
     assert judge_connections(90, 1, SERVER, proxy=note).status == "fail"  # not even the server
     other = pgbouncer_unreadable("app", 'database "pgbouncer" does not exist')
     assert other.startswith("a proxy is in between")

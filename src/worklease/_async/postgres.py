@@ -10,7 +10,7 @@ from types import TracebackType
 from typing import Any
 
 import psycopg
-from psycopg import AsyncClientCursor, AsyncConnection, AsyncCursor
+from psycopg import AsyncClientCursor, AsyncConnection, AsyncCursor, pq
 from psycopg import errors as pg_errors
 from psycopg.rows import tuple_row
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
@@ -37,6 +37,7 @@ from .._pg import (
     connection_error,
     known_traits,
     learn_traits,
+    lost_connection,
     map_error,
     must_discard,
     prepares,
@@ -65,11 +66,19 @@ __all__ = ["AsyncPostgresBackend", "run_statement"]
 _CURRENT_SCHEMA = b"SET TRANSACTION ISOLATION LEVEL READ COMMITTED; SELECT current_schema()"
 
 _BYPASS_AFTER = 0.25
-"""How long a renewal waits for the renewal pool before it opens a connection of its own."""
+"""How long a call waits for a pool before it may go around it (renewals always, others
+while the pool is failing)."""
 _DEFAULT_MIN_SIZE = 4
 """psycopg_pool's default ``min_size``."""
 _TROUBLED_WAIT = 0.02
-"""How long a call waits for a failing pool before it tries a direct slot again."""
+"""How long a call waits for a pool judged failing before it goes around it."""
+_SLOT_WAIT = 0.1
+"""How long a call waits for a failing pool while the direct slots are taken, or before a
+direct attempt is tried again."""
+_DIRECT_RETRY = 0.1
+"""How soon a call tries a connection of its own again after a transient failure."""
+_SPARE_IDLE = 5.0
+"""How long a direct connection is kept for the next call going around a failing pool."""
 _LOSS_READ_TIMEOUT = 5.0
 """How long a failed step waits for a connection to read why it failed."""
 
@@ -137,9 +146,8 @@ class AsyncPostgresBackend:
         self._renewal_pool: AsyncConnectionPool[Any] | None = None
         self._renewal_statements: Statements | None = None
         self._lock = ThreadLock()
-        self._direct_in_use = 0
-        self._trouble = PoolTrouble()
-        self._renewal_trouble = PoolTrouble()
+        self._detour = _Detour()  # around the application's pool
+        self._renewal_detour = _Detour()  # around the private one
         self._closed = False
         try:
             self._listen = check_flag(listen, "listen")
@@ -225,6 +233,8 @@ class AsyncPostgresBackend:
             listener, self._listener = self._listener, None
         if listener is not None:
             await listener.stop()
+        await self._detour.close()
+        await self._renewal_detour.close()
         if renewal_pool is not None:
             await renewal_pool.close()
         if self._owns_pool:
@@ -366,17 +376,17 @@ class AsyncPostgresBackend:
                     None if direct else single,
                     self._prepare,
                 )
-            except psycopg.Error:
-                if conn.closed or conn.broken:  # the connection was lost under the statement
-                    self._trouble_of(pool).connection_failed(monotonic())
+            except psycopg.Error as exc:
+                if lost_connection(exc):
+                    self._detour_of(pool).trouble.connection_lost()
                 raise
             finally:
                 await self._checkin(pool, conn, direct)
         except psycopg.Error as exc:
             raise map_error(exc, operation) from exc
 
-    def _trouble_of(self, pool: AsyncConnectionPool[Any]) -> PoolTrouble:
-        return self._renewal_trouble if pool is self._renewal_pool else self._trouble
+    def _detour_of(self, pool: AsyncConnectionPool[Any]) -> _Detour:
+        return self._renewal_detour if pool is self._renewal_pool else self._detour
 
     async def _checkout(
         self,
@@ -385,18 +395,24 @@ class AsyncPostgresBackend:
         bypass: bool,
         operation: str,
     ) -> tuple[AsyncConnection[Any], bool]:
-        """A connection of ``pool`` within ``timeout`` seconds, or one of its own (``True``
-        beside it: give it back with :meth:`_checkin`). The pool is gone around, within
-        ``DIRECT_SLOTS``, when it has none to give within ``_BYPASS_AFTER`` seconds and
-        ``bypass`` is set (renewals) or the pool is failing (``PoolTrouble``): after a
-        failover psycopg_pool reconnects on a backoff that starts at 1 s and doubles; with
-        wrong credentials it never connects, and the direct attempt says why at once. A
-        pool that is only busy is waited for."""
+        """A connection of ``pool`` within ``timeout`` seconds (the pool's own timeout by
+        default), or one of its own (``True`` beside it: give it back with
+        :meth:`_checkin`). The pool is gone around (``_Detour``) when it has none to give
+        within ``_BYPASS_AFTER`` seconds and ``bypass`` is set (renewals) or the pool is
+        failing (``PoolTrouble``): after a failover psycopg_pool reconnects on a backoff that
+        starts at 1 s and doubles; with wrong credentials it never connects, and the direct
+        attempt says why at once (a permanent error is raised then). A transient direct
+        failure is tried again every ``_DIRECT_RETRY`` seconds while the call waits for the
+        pool; at the end the last one is raised, naming why. A pool that is only busy is
+        waited for, in its queue."""
         guard = ACancelGuard()
-        trouble = self._trouble_of(pool)
+        detour = self._detour_of(pool)
+        trouble = detour.trouble
         now = monotonic()
-        wait = _TROUBLED_WAIT if trouble.suspected(now) else _BYPASS_AFTER
         end = now + (pool.timeout if timeout is None else timeout)
+        wait = _TROUBLED_WAIT if trouble.suspected() else _BYPASS_AFTER
+        failure: BackendError | None = None
+        retry_at = now
         while True:
             rest = end - monotonic()
             last = rest <= wait
@@ -404,6 +420,8 @@ class AsyncPostgresBackend:
                 conn = await pool.getconn(max(rest, 0.001) if last else wait)
             except PoolTimeout:
                 if last:
+                    if failure is not None:
+                        raise failure from None
                     raise
             else:
                 try:
@@ -411,42 +429,42 @@ class AsyncPostgresBackend:
                 except BaseException:
                     await pool.putconn(conn)
                     raise
-                trouble.served = True
+                now = monotonic()
+                if trouble.serve(now):
+                    trouble.baseline(pool.get_stats(), now)
+                    if detour.has_spares:  # the pool serves again: spares idle too long go
+                        await detour.prune(now)
                 return conn, False
             now = monotonic()
             rest = end - now
-            if not (bypass or trouble.judge(pool.get_stats(), now)):
+            if not (bypass or trouble.judge(pool.get_stats())):
                 wait = rest  # busy, not failing: wait for it as any caller of it would
                 continue
-            if self._take_direct_slot():
+            if now >= retry_at and detour.take_slot():
                 try:
-                    return await _connect_direct(pool, rest, operation), True
-                except BaseException:
-                    self._give_direct_slot()
-                    raise
-            wait = _TROUBLED_WAIT  # the slots are taken: the pool, or a slot, soon
+                    return await detour.connection(pool, rest, operation), True
+                except BackendError as exc:
+                    if not exc.transient:
+                        raise
+                    failure = exc  # the server may be back soon: the pool, or a retry
+                    retry_at = monotonic() + _DIRECT_RETRY
+            wait = _SLOT_WAIT
 
     async def _checkin(
-        self, pool: AsyncConnectionPool[Any], conn: AsyncConnection[Any], direct: bool
+        self,
+        pool: AsyncConnectionPool[Any],
+        conn: AsyncConnection[Any],
+        direct: bool,
+        *,
+        keep: bool = True,
     ) -> None:
-        if not direct:
+        """Give back what :meth:`_checkout` gave; a direct connection is kept as a spare
+        (``keep``: not after a transactional step, whose statements may have changed the
+        session)."""
+        if direct:
+            await self._detour_of(pool).give(conn, keep=keep and not self._closed)
+        else:
             await pool.putconn(conn)
-            return
-        try:
-            await conn.close()
-        finally:
-            self._give_direct_slot()
-
-    def _take_direct_slot(self) -> bool:
-        with self._lock:
-            if self._direct_in_use >= DIRECT_SLOTS:
-                return False
-            self._direct_in_use += 1
-            return True
-
-    def _give_direct_slot(self) -> None:
-        with self._lock:
-            self._direct_in_use -= 1
 
     # -- the backend protocol -----------------------------------------------------------------
 
@@ -769,6 +787,10 @@ class AsyncPostgresTransaction:
             guarded = cursor.rowcount == 1
         except BaseException as exc:
             await self.rollback(discard=not isinstance(exc, Exception))
+            if isinstance(exc, pg_errors.ReadOnlySqlTransaction):
+                refused = await self._read_only_refusal()
+                if refused is not None:  # a primary, read-only by its settings: for good
+                    raise refused from exc
             if isinstance(exc, psycopg.Error):
                 # Nothing was committed. Often the lease is why (the server ended a step that
                 # outlived the TTL): say so, rather than the driver's words.
@@ -796,6 +818,17 @@ class AsyncPostgresTransaction:
             )
             raise
         await self._finish(discard=False)
+
+    async def _read_only_refusal(self) -> BackendError | None:
+        """Why the guard was refused as read-only, asked on another connection (``None``: a
+        standby, or it cannot be asked)."""
+        try:
+            rows, _ = await self._backend._run(
+                "transaction", READ_ONLY_CAUSE, {}, timeout=_LOSS_READ_TIMEOUT
+            )
+        except BackendError:
+            return None
+        return read_only_error("transaction", rows)
 
     async def _loss(self) -> LeaseLostError | None:
         """Why the token can no longer commit, read on another connection (``None`` when it
@@ -848,14 +881,98 @@ class AsyncPostgresTransaction:
             conn.pgconn.finish()
             raise
         finally:
-            await self._backend._checkin(self._pool, conn, self._direct)
+            await self._backend._checkin(self._pool, conn, self._direct, keep=False)
+
+
+class _Detour:
+    """Connections of their own for the calls a failing pool cannot serve (one per pool of a
+    backend): at most ``DIRECT_SLOTS`` at once, each kept after its call for the next one
+    while idle for less than ``_SPARE_IDLE`` seconds, so a pool in trouble costs a few
+    connections, not one per call."""
+
+    def __init__(self) -> None:
+        self.trouble = PoolTrouble()
+        self._lock = ThreadLock()
+        self._in_use = 0
+        self._spares: list[tuple[AsyncConnection[Any], float]] = []
+        self._closed = False
+
+    def take_slot(self) -> bool:
+        with self._lock:
+            if self._in_use >= DIRECT_SLOTS:
+                return False
+            self._in_use += 1
+            return True
+
+    async def connection(
+        self, pool: AsyncConnectionPool[Any], timeout: float, operation: str
+    ) -> AsyncConnection[Any]:
+        """A spare connection or a new one, for the slot the caller took (given back here
+        when this raises)."""
+        try:
+            now = monotonic()
+            stale: list[AsyncConnection[Any]] = []
+            spare: AsyncConnection[Any] | None = None
+            with self._lock:
+                while self._spares and spare is None:
+                    conn, since = self._spares.pop()
+                    if now - since > _SPARE_IDLE or conn.closed:
+                        stale.append(conn)
+                    else:
+                        spare = conn
+            for conn in stale:
+                await conn.close()
+            if spare is not None:
+                return spare
+            return await _connect_direct(pool, timeout, operation)
+        except BaseException:
+            self._release()
+            raise
+
+    async def give(self, conn: AsyncConnection[Any], *, keep: bool) -> None:
+        """The slot back; ``conn`` kept as a spare when it is idle and healthy (``keep``)."""
+        idle = not conn.closed and conn.info.transaction_status == pq.TransactionStatus.IDLE
+        with self._lock:
+            if keep and idle and not self._closed and len(self._spares) < DIRECT_SLOTS:
+                self._spares.append((conn, monotonic()))
+                self._in_use -= 1
+                return
+        try:
+            await conn.close()
+        finally:
+            self._release()
+
+    @property
+    def has_spares(self) -> bool:
+        return bool(self._spares)
+
+    async def prune(self, now: float) -> None:
+        """Close the spares idle for longer than ``_SPARE_IDLE``."""
+        with self._lock:
+            stale = [c for c, since in self._spares if now - since > _SPARE_IDLE]
+            self._spares = [(c, t) for c, t in self._spares if now - t <= _SPARE_IDLE]
+        for conn in stale:
+            await conn.close()
+
+    def _release(self) -> None:
+        with self._lock:
+            self._in_use -= 1
+
+    async def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            spares, self._spares = self._spares, []
+        for conn, _ in spares:
+            await conn.close()
 
 
 async def _connect_direct(
     pool: AsyncConnectionPool[Any], timeout: float | None, operation: str
 ) -> AsyncConnection[Any]:
-    """A new connection built like ``pool``'s (autocommit), for one call; a failed attempt
-    as ``connection_error`` (permanent when it can never work)."""
+    """A new connection built like ``pool``'s (conninfo, kwargs, connection class and its
+    ``configure`` callback, which may set the ``search_path`` worklease's unqualified
+    statements and a step's own rely on), in autocommit; a failed attempt as
+    ``connection_error`` (permanent when it can never work)."""
     conninfo: Any = pool.conninfo
     kwargs: Any = pool.kwargs or {}
     # psycopg_pool 3.3 accepts callables for both (resolved per connection)
@@ -874,8 +991,17 @@ async def _connect_direct(
         conn: AsyncConnection[Any] = await pool.connection_class.connect(conninfo or "", **kwargs)
     except psycopg.Error as exc:
         raise connection_error(exc, operation) from exc
-    if not conn.autocommit:
-        await conn.set_autocommit(True)
+    try:
+        # psycopg_pool keeps the callback as a private attribute; it is what its own
+        # connections get before they are handed out.
+        configure = getattr(pool, "_configure", None)
+        if configure is not None:
+            await configure(conn)
+        if not conn.autocommit:
+            await conn.set_autocommit(True)
+    except BaseException:
+        await conn.close()
+        raise
     return conn
 
 

@@ -13,7 +13,7 @@ from types import TracebackType
 from typing import Any
 
 import psycopg
-from psycopg import ClientCursor, Connection, Cursor
+from psycopg import ClientCursor, Connection, Cursor, pq
 from psycopg import errors as pg_errors
 from psycopg.rows import tuple_row
 from psycopg_pool import ConnectionPool, PoolTimeout
@@ -40,6 +40,7 @@ from .._pg import (
     connection_error,
     known_traits,
     learn_traits,
+    lost_connection,
     map_error,
     must_discard,
     prepares,
@@ -68,11 +69,19 @@ __all__ = ["PostgresBackend", "run_statement"]
 _CURRENT_SCHEMA = b"SET TRANSACTION ISOLATION LEVEL READ COMMITTED; SELECT current_schema()"
 
 _BYPASS_AFTER = 0.25
-"""How long a renewal waits for the renewal pool before it opens a connection of its own."""
+"""How long a call waits for a pool before it may go around it (renewals always, others
+while the pool is failing)."""
 _DEFAULT_MIN_SIZE = 4
 """psycopg_pool's default ``min_size``."""
 _TROUBLED_WAIT = 0.02
-"""How long a call waits for a failing pool before it tries a direct slot again."""
+"""How long a call waits for a pool judged failing before it goes around it."""
+_SLOT_WAIT = 0.1
+"""How long a call waits for a failing pool while the direct slots are taken, or before a
+direct attempt is tried again."""
+_DIRECT_RETRY = 0.1
+"""How soon a call tries a connection of its own again after a transient failure."""
+_SPARE_IDLE = 5.0
+"""How long a direct connection is kept for the next call going around a failing pool."""
 _LOSS_READ_TIMEOUT = 5.0
 """How long a failed step waits for a connection to read why it failed."""
 
@@ -140,9 +149,8 @@ class PostgresBackend:
         self._renewal_pool: ConnectionPool[Any] | None = None
         self._renewal_statements: Statements | None = None
         self._lock = ThreadLock()
-        self._direct_in_use = 0
-        self._trouble = PoolTrouble()
-        self._renewal_trouble = PoolTrouble()
+        self._detour = _Detour()  # around the application's pool
+        self._renewal_detour = _Detour()  # around the private one
         self._closed = False
         try:
             self._listen = check_flag(listen, "listen")
@@ -228,6 +236,8 @@ class PostgresBackend:
             listener, self._listener = self._listener, None
         if listener is not None:
             listener.stop()
+        self._detour.close()
+        self._renewal_detour.close()
         if renewal_pool is not None:
             renewal_pool.close()
         if self._owns_pool:
@@ -369,17 +379,17 @@ class PostgresBackend:
                     None if direct else single,
                     self._prepare,
                 )
-            except psycopg.Error:
-                if conn.closed or conn.broken:  # the connection was lost under the statement
-                    self._trouble_of(pool).connection_failed(monotonic())
+            except psycopg.Error as exc:
+                if lost_connection(exc):
+                    self._detour_of(pool).trouble.connection_lost()
                 raise
             finally:
                 self._checkin(pool, conn, direct)
         except psycopg.Error as exc:
             raise map_error(exc, operation) from exc
 
-    def _trouble_of(self, pool: ConnectionPool[Any]) -> PoolTrouble:
-        return self._renewal_trouble if pool is self._renewal_pool else self._trouble
+    def _detour_of(self, pool: ConnectionPool[Any]) -> _Detour:
+        return self._renewal_detour if pool is self._renewal_pool else self._detour
 
     def _checkout(
         self,
@@ -388,18 +398,24 @@ class PostgresBackend:
         bypass: bool,
         operation: str,
     ) -> tuple[Connection[Any], bool]:
-        """A connection of ``pool`` within ``timeout`` seconds, or one of its own (``True``
-        beside it: give it back with :meth:`_checkin`). The pool is gone around, within
-        ``DIRECT_SLOTS``, when it has none to give within ``_BYPASS_AFTER`` seconds and
-        ``bypass`` is set (renewals) or the pool is failing (``PoolTrouble``): after a
-        failover psycopg_pool reconnects on a backoff that starts at 1 s and doubles; with
-        wrong credentials it never connects, and the direct attempt says why at once. A
-        pool that is only busy is waited for."""
+        """A connection of ``pool`` within ``timeout`` seconds (the pool's own timeout by
+        default), or one of its own (``True`` beside it: give it back with
+        :meth:`_checkin`). The pool is gone around (``_Detour``) when it has none to give
+        within ``_BYPASS_AFTER`` seconds and ``bypass`` is set (renewals) or the pool is
+        failing (``PoolTrouble``): after a failover psycopg_pool reconnects on a backoff that
+        starts at 1 s and doubles; with wrong credentials it never connects, and the direct
+        attempt says why at once (a permanent error is raised then). A transient direct
+        failure is tried again every ``_DIRECT_RETRY`` seconds while the call waits for the
+        pool; at the end the last one is raised, naming why. A pool that is only busy is
+        waited for, in its queue."""
         guard = CancelGuard()
-        trouble = self._trouble_of(pool)
+        detour = self._detour_of(pool)
+        trouble = detour.trouble
         now = monotonic()
-        wait = _TROUBLED_WAIT if trouble.suspected(now) else _BYPASS_AFTER
         end = now + (pool.timeout if timeout is None else timeout)
+        wait = _TROUBLED_WAIT if trouble.suspected() else _BYPASS_AFTER
+        failure: BackendError | None = None
+        retry_at = now
         while True:
             rest = end - monotonic()
             last = rest <= wait
@@ -407,6 +423,8 @@ class PostgresBackend:
                 conn = pool.getconn(max(rest, 0.001) if last else wait)
             except PoolTimeout:
                 if last:
+                    if failure is not None:
+                        raise failure from None
                     raise
             else:
                 try:
@@ -414,40 +432,42 @@ class PostgresBackend:
                 except BaseException:
                     pool.putconn(conn)
                     raise
-                trouble.served = True
+                now = monotonic()
+                if trouble.serve(now):
+                    trouble.baseline(pool.get_stats(), now)
+                    if detour.has_spares:  # the pool serves again: spares idle too long go
+                        detour.prune(now)
                 return conn, False
             now = monotonic()
             rest = end - now
-            if not (bypass or trouble.judge(pool.get_stats(), now)):
+            if not (bypass or trouble.judge(pool.get_stats())):
                 wait = rest  # busy, not failing: wait for it as any caller of it would
                 continue
-            if self._take_direct_slot():
+            if now >= retry_at and detour.take_slot():
                 try:
-                    return _connect_direct(pool, rest, operation), True
-                except BaseException:
-                    self._give_direct_slot()
-                    raise
-            wait = _TROUBLED_WAIT  # the slots are taken: the pool, or a slot, soon
+                    return detour.connection(pool, rest, operation), True
+                except BackendError as exc:
+                    if not exc.transient:
+                        raise
+                    failure = exc  # the server may be back soon: the pool, or a retry
+                    retry_at = monotonic() + _DIRECT_RETRY
+            wait = _SLOT_WAIT
 
-    def _checkin(self, pool: ConnectionPool[Any], conn: Connection[Any], direct: bool) -> None:
-        if not direct:
+    def _checkin(
+        self,
+        pool: ConnectionPool[Any],
+        conn: Connection[Any],
+        direct: bool,
+        *,
+        keep: bool = True,
+    ) -> None:
+        """Give back what :meth:`_checkout` gave; a direct connection is kept as a spare
+        (``keep``: not after a transactional step, whose statements may have changed the
+        session)."""
+        if direct:
+            self._detour_of(pool).give(conn, keep=keep and not self._closed)
+        else:
             pool.putconn(conn)
-            return
-        try:
-            conn.close()
-        finally:
-            self._give_direct_slot()
-
-    def _take_direct_slot(self) -> bool:
-        with self._lock:
-            if self._direct_in_use >= DIRECT_SLOTS:
-                return False
-            self._direct_in_use += 1
-            return True
-
-    def _give_direct_slot(self) -> None:
-        with self._lock:
-            self._direct_in_use -= 1
 
     # -- the backend protocol -----------------------------------------------------------------
 
@@ -764,6 +784,10 @@ class PostgresTransaction:
             guarded = cursor.rowcount == 1
         except BaseException as exc:
             self.rollback(discard=not isinstance(exc, Exception))
+            if isinstance(exc, pg_errors.ReadOnlySqlTransaction):
+                refused = self._read_only_refusal()
+                if refused is not None:  # a primary, read-only by its settings: for good
+                    raise refused from exc
             if isinstance(exc, psycopg.Error):
                 # Nothing was committed. Often the lease is why (the server ended a step that
                 # outlived the TTL): say so, rather than the driver's words.
@@ -791,6 +815,17 @@ class PostgresTransaction:
             )
             raise
         self._finish(discard=False)
+
+    def _read_only_refusal(self) -> BackendError | None:
+        """Why the guard was refused as read-only, asked on another connection (``None``: a
+        standby, or it cannot be asked)."""
+        try:
+            rows, _ = self._backend._run(
+                "transaction", READ_ONLY_CAUSE, {}, timeout=_LOSS_READ_TIMEOUT
+            )
+        except BackendError:
+            return None
+        return read_only_error("transaction", rows)
 
     def _loss(self) -> LeaseLostError | None:
         """Why the token can no longer commit, read on another connection (``None`` when it
@@ -843,14 +878,98 @@ class PostgresTransaction:
             conn.pgconn.finish()
             raise
         finally:
-            self._backend._checkin(self._pool, conn, self._direct)
+            self._backend._checkin(self._pool, conn, self._direct, keep=False)
+
+
+class _Detour:
+    """Connections of their own for the calls a failing pool cannot serve (one per pool of a
+    backend): at most ``DIRECT_SLOTS`` at once, each kept after its call for the next one
+    while idle for less than ``_SPARE_IDLE`` seconds, so a pool in trouble costs a few
+    connections, not one per call."""
+
+    def __init__(self) -> None:
+        self.trouble = PoolTrouble()
+        self._lock = ThreadLock()
+        self._in_use = 0
+        self._spares: list[tuple[Connection[Any], float]] = []
+        self._closed = False
+
+    def take_slot(self) -> bool:
+        with self._lock:
+            if self._in_use >= DIRECT_SLOTS:
+                return False
+            self._in_use += 1
+            return True
+
+    def connection(
+        self, pool: ConnectionPool[Any], timeout: float, operation: str
+    ) -> Connection[Any]:
+        """A spare connection or a new one, for the slot the caller took (given back here
+        when this raises)."""
+        try:
+            now = monotonic()
+            stale: list[Connection[Any]] = []
+            spare: Connection[Any] | None = None
+            with self._lock:
+                while self._spares and spare is None:
+                    conn, since = self._spares.pop()
+                    if now - since > _SPARE_IDLE or conn.closed:
+                        stale.append(conn)
+                    else:
+                        spare = conn
+            for conn in stale:
+                conn.close()
+            if spare is not None:
+                return spare
+            return _connect_direct(pool, timeout, operation)
+        except BaseException:
+            self._release()
+            raise
+
+    def give(self, conn: Connection[Any], *, keep: bool) -> None:
+        """The slot back; ``conn`` kept as a spare when it is idle and healthy (``keep``)."""
+        idle = not conn.closed and conn.info.transaction_status == pq.TransactionStatus.IDLE
+        with self._lock:
+            if keep and idle and not self._closed and len(self._spares) < DIRECT_SLOTS:
+                self._spares.append((conn, monotonic()))
+                self._in_use -= 1
+                return
+        try:
+            conn.close()
+        finally:
+            self._release()
+
+    @property
+    def has_spares(self) -> bool:
+        return bool(self._spares)
+
+    def prune(self, now: float) -> None:
+        """Close the spares idle for longer than ``_SPARE_IDLE``."""
+        with self._lock:
+            stale = [c for c, since in self._spares if now - since > _SPARE_IDLE]
+            self._spares = [(c, t) for c, t in self._spares if now - t <= _SPARE_IDLE]
+        for conn in stale:
+            conn.close()
+
+    def _release(self) -> None:
+        with self._lock:
+            self._in_use -= 1
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            spares, self._spares = self._spares, []
+        for conn, _ in spares:
+            conn.close()
 
 
 def _connect_direct(
     pool: ConnectionPool[Any], timeout: float | None, operation: str
 ) -> Connection[Any]:
-    """A new connection built like ``pool``'s (autocommit), for one call; a failed attempt
-    as ``connection_error`` (permanent when it can never work)."""
+    """A new connection built like ``pool``'s (conninfo, kwargs, connection class and its
+    ``configure`` callback, which may set the ``search_path`` worklease's unqualified
+    statements and a step's own rely on), in autocommit; a failed attempt as
+    ``connection_error`` (permanent when it can never work)."""
     conninfo: Any = pool.conninfo
     kwargs: Any = pool.kwargs or {}
     # psycopg_pool 3.3 accepts callables for both (resolved per connection)
@@ -869,8 +988,17 @@ def _connect_direct(
         conn: Connection[Any] = pool.connection_class.connect(conninfo or "", **kwargs)
     except psycopg.Error as exc:
         raise connection_error(exc, operation) from exc
-    if not conn.autocommit:
-        conn.set_autocommit(True)
+    try:
+        # psycopg_pool keeps the callback as a private attribute; it is what its own
+        # connections get before they are handed out.
+        configure = getattr(pool, "_configure", None)
+        if configure is not None:
+            configure(conn)
+        if not conn.autocommit:
+            conn.set_autocommit(True)
+    except BaseException:
+        conn.close()
+        raise
     return conn
 
 
