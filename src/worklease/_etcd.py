@@ -423,15 +423,15 @@ def judge_error(
 # beyond its connections itself, but its wait is bounded by the request timeout, and a caller
 # that waited it out failed over as if every member had failed (issue 23: 300 concurrent
 # acquires, every one "no etcd member answered (PoolTimeout)"); its bookkeeping also costs
-# requests x connections on every request (those 300 acquires took 9 s, nearly all of it the
-# client's CPU). So the backend queues its callers itself, first come first served, in lanes
-# with connections of their own: ordinary calls, and renewals apart (a crowd of other calls
-# never delays a renewal, as PostgreSQL's private pool keeps them apart). httpx's pool has a
-# connection for every request a lane lets through, plus one for the release watch, so it
-# never makes anyone wait. 16 connections for ordinary calls: the same 300 acquires took
-# 2.6 s with 16 (2.0 s of CPU), 4.3 s with 32 and 6.3 s with 64 on a 2-core machine shared
-# with the cluster; a Python client spends more CPU per request than etcd's round trip takes,
-# so more requests in flight than that buy nothing.
+# requests x connections on every request (those 300 acquires took 6 to 9 s on a 2-core
+# machine, nearly all of it the client's CPU; 1.9 s in the lanes). So the backend queues its
+# callers itself, first come first served, in lanes with connections of their own: ordinary
+# calls, and renewals apart (a crowd of other calls never delays a renewal, as PostgreSQL's
+# private pool keeps them apart). httpx's pool has a connection for every request a lane lets
+# through, plus one for the release watch, so it never makes anyone wait. 16 connections for
+# ordinary calls: the same 300 acquires took 2.6 s with 16, 4.3 s with 32 and 6.3 s with 64
+# (ADR-0016); a Python client spends more CPU per request than etcd's round trip takes, so
+# more requests in flight than that buy nothing.
 
 MAIN_CONNECTIONS = 16
 """Requests one backend has in flight at once for its ordinary calls; more wait their turn."""
@@ -573,14 +573,14 @@ def still_held_by(plan: Plan, seen: Record) -> bool:
 # the request body (up to 256 KiB; Go issue 15527). The gateway writes the first answer as
 # soon as etcd has it, while it is still decoding lines, so the lines it had not decoded by
 # then never reach etcd: they are neither applied nor answered, and nothing says so (measured
-# on etcd 3.4: a 1,000-line request was answered 17 to 1,000 lines, always a prefix, the
-# unanswered leases' TTLs still running down; a request whose unread rest exceeds 256 KiB,
-# which Go does not discard, was always answered whole). Go's JSON decoder reads 512 bytes
-# first, so a request of at most 512 bytes is read whole before any answer is written: no
-# request of up to 512 bytes came back short in 590 tries, where 521-byte ones did 14 times
-# in 60. So requests carry at most ``KEEPALIVE_BODY_BYTES``, and any lease still unanswered
-# is sent again: an unanswered lease is unknown, never gone (etcd answers a lease it does
-# not have, with TTL 0).
+# on etcd 3.4, benchmarks/etcd_keepalive_stream.py: a 1,000-line request came back short 18
+# times in 30, down to 19 lines, always a prefix, the unanswered leases' TTLs still running
+# down; padded past 256 KiB, which Go does not discard, it was always answered whole). Go's
+# JSON decoder reads 512 bytes first, so a request of at most 512 bytes is read whole before
+# any answer is written: 19 lines (512 bytes) never came back short, 20 (539 bytes) did 16
+# times in 60 (ADR-0016). So requests carry at most ``KEEPALIVE_BODY_BYTES``, and any lease
+# still unanswered is sent again: an unanswered lease is unknown, never gone (etcd answers a
+# lease it does not have, with TTL 0).
 
 KEEPALIVE_BODY_BYTES = 512
 """Bytes of keepalive lines per request: what the gateway reads before it answers."""

@@ -11,10 +11,22 @@
 - ``test_a_paused_client_writes_nothing_after_a_takeover``: a holder process is stopped past
   its TTL, a successor takes over; once resumed, every write of the zombie is refused, and
   etcd's own history of the checkpoint key shows no zombie write after the successor's grant.
+
+Under load, no fault (issue 23; the long variants are the figures the guide quotes):
+
+- ``test_renew_many_of_many_separate_leases_reports_no_false_loss``: ``renew_many`` of
+  separately acquired leases, round after round (300 x 1; 1,000 x 20 long); every lease's
+  TTL is read back from etcd before and after each round: each one was refreshed.
+- ``test_holders_on_one_lease_object_lose_nothing``: 200 holders share one ``AsyncLease``
+  (TTL 10 s), each holding its own work ID with a background renewal, for 12 s (10 minutes
+  long): no lease is lost, and every work ID is still held by the end.
+- ``test_concurrent_acquires_on_one_backend_all_succeed``: 300 concurrent acquires on one
+  ``AsyncEtcdBackend`` and on one ``EtcdBackend`` (300 threads), once (5 rounds long).
 """
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import itertools
 import json
@@ -34,7 +46,8 @@ import pytest
 
 import worklease
 from tests import etcd
-from worklease import ExitMode, FencedError, Lease, LeaseHeldError
+from tests._acompat import spawn_all
+from worklease import ExitMode, FencedError, Lease, LeaseHeldError, LeaseObserver, RenewEvent
 from worklease.errors import BackendError, LeaseLostError
 
 from .conftest import scaled
@@ -341,3 +354,133 @@ def test_a_paused_client_writes_nothing_after_a_takeover(
     )
     assert stale_acks == 0
     assert zombie_writes_after == 0
+
+
+# -- load, no fault --------------------------------------------------------------------------
+
+
+def test_renew_many_of_many_separate_leases_reports_no_false_loss(
+    cluster: etcd.EtcdCluster,
+) -> None:
+    count, rounds = scaled(300, 1000), scaled(1, 20)
+    prefix = f"many-{uuid.uuid4().hex[:8]}/"
+    pause = 3.0  # TTLs run down between rounds, so a refresh shows in each lease's TTL
+    false_losses = 0
+    not_refreshed = 0
+    lowest_after = 60
+    took: list[float] = []
+    with worklease.EtcdBackend(cluster.endpoints, prefix=prefix) as backend:
+        ids = [f"w{i:04d}" for i in range(count)]
+        tokens = [token for token, _ in backend.acquire_many(ids, "h", 60.0)]
+        assert len(tokens) == count
+        leases = etcd.hold_leases(cluster, prefix)
+        assert len(set(leases.values())) == count  # separately acquired: one etcd lease each
+        for _ in range(rounds):
+            time.sleep(pause)
+            before = etcd.lease_ttls(cluster, list(leases.values()))
+            started = time.monotonic()
+            outcomes = backend.renew_many(tokens, 60.0)
+            took.append(time.monotonic() - started)
+            after = etcd.lease_ttls(cluster, list(leases.values()))
+            false_losses += sum(1 for outcome in outcomes if outcome is not None)
+            not_refreshed += sum(1 for lease, ttl in after.items() if ttl <= before[lease])
+            lowest_after = min(lowest_after, *after.values())
+        still = etcd.hold_leases(cluster, prefix)
+    report(
+        f"renew_many of {count} separately acquired leases x {rounds} rounds (TTL 60 s): "
+        f"{false_losses} reported lost, {not_refreshed} TTLs read back not refreshed "
+        f"(lowest TTL read back after a round {lowest_after} s, {pause:g} s between rounds), "
+        f"{sum(1 for w in ids if still.get(w) == leases[w])} of {count} still on their etcd "
+        f"lease; a renew_many took {min(took):.2f}-{max(took):.2f} s"
+    )
+    assert false_losses == 0
+    assert not_refreshed == 0
+    assert still == leases
+
+
+class _Renewals(LeaseObserver):
+    def __init__(self) -> None:
+        self.ok = 0
+        self.failed: list[str] = []
+
+    def on_renew(self, event: RenewEvent) -> None:
+        if event.error is None:
+            self.ok += 1
+        else:
+            self.failed.append(f"{type(event.error).__name__}: {event.error}")
+
+
+def test_holders_on_one_lease_object_lose_nothing(cluster: etcd.EtcdCluster) -> None:
+    holders, ttl = 200, 10.0
+    seconds = float(scaled(12, 600))
+    prefix = f"holders-{uuid.uuid4().hex[:8]}/"
+    observer = _Renewals()
+
+    async def main() -> tuple[list[str], int, dict[str, int]]:
+        async with worklease.AsyncEtcdBackend(cluster.endpoints, prefix=prefix) as backend:
+            lease = worklease.AsyncLease(backend, holder_id="h", ttl=ttl, observer=observer)
+            lost: list[str] = []
+
+            async def hold(work_id: str, held: list[int]) -> None:
+                token = await lease.acquire(work_id)
+                try:
+                    async with lease.renewal(token) as renewal:
+                        await asyncio.sleep(seconds)
+                        renewal.raise_if_lost()
+                        held.append(1)
+                except LeaseLostError as exc:
+                    lost.append(f"{work_id} at +{time.monotonic() - begun:.1f} s: {exc!r}")
+                    return
+                await lease.release(token, ExitMode.FINISHED)
+
+            held: list[int] = []
+            begun = time.monotonic()
+            await asyncio.gather(*(hold(f"w{i:03d}", held) for i in range(holders)))
+            return lost, len(held), etcd.hold_leases(cluster, prefix)
+
+    lost, held_to_the_end, left = asyncio.run(main())
+    report(
+        f"{holders} holders on one AsyncLease (TTL {ttl:g} s) for {seconds:g} s: {len(lost)} "
+        f"leases lost, {held_to_the_end} held to the end, {observer.ok} renewals, "
+        f"{len(observer.failed)} failed attempts (retried) {observer.failed[:3]}"
+    )
+    assert lost == []
+    assert held_to_the_end == holders
+    assert left == {}  # every one released at the end
+
+
+def test_concurrent_acquires_on_one_backend_all_succeed(cluster: etcd.EtcdCluster) -> None:
+    crowd, rounds = 300, scaled(1, 5)
+    results: list[str] = []
+    for round_ in range(rounds):
+        prefix = f"crowd-{uuid.uuid4().hex[:8]}/"
+
+        async def main(prefix: str = prefix) -> list[object]:
+            async with worklease.AsyncEtcdBackend(cluster.endpoints, prefix=prefix) as backend:
+                return list(
+                    await asyncio.gather(
+                        *(backend.acquire(f"w{i:03d}", "h", 30.0) for i in range(crowd)),
+                        return_exceptions=True,
+                    )
+                )
+
+        started = time.monotonic()
+        outcome = asyncio.run(main())
+        async_took = time.monotonic() - started
+        async_errors = [repr(r) for r in outcome if isinstance(r, BaseException)]
+        with worklease.EtcdBackend(cluster.endpoints, prefix=prefix + "sync/") as backend:
+
+            def acquire(i: int, backend: worklease.EtcdBackend = backend) -> worklease.Token:
+                return backend.acquire(f"w{i:03d}", "h", 30.0)
+
+            started = time.monotonic()
+            threaded = spawn_all(acquire, crowd)
+            sync_took = time.monotonic() - started
+        sync_errors = [repr(r) for r in threaded if isinstance(r, BaseException)]
+        results.append(
+            f"round {round_ + 1}: async {crowd - len(async_errors)}/{crowd} in "
+            f"{async_took:.1f} s, sync {crowd - len(sync_errors)}/{crowd} in {sync_took:.1f} s"
+        )
+        assert async_errors == []
+        assert sync_errors == []
+    report(f"{crowd} concurrent acquires on one backend: " + "; ".join(results))
