@@ -85,7 +85,7 @@ async def test_behind_transaction_pooling_the_pooler_and_listener_warn(
     # this PgBouncer has no admin_users: its pool cannot be read, the rule is said instead
     assert found["connections"] == "warn"
     assert "admin console refuses user" in report["connections"].detail
-    assert "needs 12 server connections" in report["connections"].detail
+    assert "needs 14 server connections" in report["connections"].detail
     assert report.ok
     assert not report.clean
 
