@@ -405,8 +405,9 @@ class PostgresBackend:
         failing (``PoolTrouble``): after a failover psycopg_pool reconnects on a backoff that
         starts at 1 s and doubles; with wrong credentials it never connects, and the direct
         attempt says why at once (a permanent error is raised then). A transient direct
-        failure is tried again every ``_DIRECT_RETRY`` seconds while the call waits for the
-        pool; at the end the last one is raised, naming why. A pool that is only busy is
+        failure ends a renewal at once (its loop retries); any other call tries again every
+        ``_DIRECT_RETRY`` seconds while it waits for the pool, and at the end the last one is
+        raised, naming why. A pool that is only busy is
         waited for, in its queue."""
         guard = CancelGuard()
         detour = self._detour_of(pool)
@@ -447,7 +448,9 @@ class PostgresBackend:
                 try:
                     return detour.connection(pool, rest, operation), True
                 except BackendError as exc:
-                    if not exc.transient:
+                    # Renewals fail at once, as before: their loop paces the retries and
+                    # reports each attempt.
+                    if not exc.transient or bypass:
                         raise
                     failure = exc  # the server may be back soon: the pool, or a retry
                     retry_at = monotonic() + _DIRECT_RETRY
