@@ -388,6 +388,20 @@ def test_check_never_prints_the_dsn_s_password() -> None:
     assert result.stdout.startswith("fail  connection  cannot connect: ")
 
 
+def test_check_never_prints_the_listen_dsn_s_password() -> None:
+    # libpq quotes the token it could not decode; the listen DSN is checked before any I/O
+    result = run(
+        "check",
+        "--dsn",
+        "host=nowhere.invalid",
+        "--listen-dsn",
+        "postgresql://postgres:Sekr3t%zzXY@127.0.0.1/db",
+    )
+    assert (result.returncode, result.stdout) == (1, "")
+    assert result.stderr.startswith("worklease check: listen_dsn is not a valid conninfo string")
+    assert "Sekr3t" not in result.stderr
+
+
 def test_version() -> None:
     result = run("--version")
     assert result.returncode == 0

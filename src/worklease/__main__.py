@@ -522,10 +522,12 @@ def _parser() -> argparse.ArgumentParser:
     check = commands.add_parser(
         "check",
         help="check a PostgreSQL deployment for worklease (exit status 1 on a failure)",
-        description="Check the connection, each host of a multi-host DSN (one primary), the "
-        "schema, the default isolation, whether the session can write, the clock offset to "
-        "the server, synchronous_commit, standbys and whether replication is synchronous, "
-        "server timeouts against the TTL, a transaction-pooling proxy in between (PgBouncer), "
+        description="Check the connection, each host of a multi-host DSN (one primary, and no "
+        "standby in a random load_balance_hosts route), the schema, the default isolation, "
+        "whether the session can write and the role has the grants acquiring needs, the clock "
+        "offset to the server, synchronous_commit, standbys and whether replication is "
+        "synchronous, server timeouts against the TTL, a transaction-pooling proxy in between "
+        "(PgBouncer), "
         "whether the connections of --processes processes with a pool of --pool-size fit in "
         "PgBouncer's pool or the server's max_connections, and whether release notifications "
         "work from this DSN (and through --listen-dsn). Each line is ok, warn or fail; the "

@@ -334,6 +334,58 @@ def derive_source(name: str, options: dict[str, str], levels: dict[str, dict[str
 # -- writes ---------------------------------------------------------------------------------
 
 
+TABLE_PRIVILEGES = ("SELECT", "INSERT", "UPDATE", "DELETE")
+"""What worklease does to the lease table: acquires insert or update and read back (an
+``INSERT ... ON CONFLICT DO UPDATE ... RETURNING``), renewals, checkpoints and releases
+update, ``forget`` and the vacuum (``worklease sweep``) delete."""
+
+
+@dataclass(frozen=True)
+class Grants:
+    """What the check's role may do to the lease table and the fencing sequence."""
+
+    role: str
+    """``current_user``: whose privileges these are."""
+    table: str
+    """The lease table as a ``GRANT`` names it (schema-qualified)."""
+    sequence: str
+    held: frozenset[str]
+    """Which of :data:`TABLE_PRIVILEGES` the role has on the table."""
+    sequence_usage: bool | None
+    """``USAGE`` (or ``UPDATE``: either lets ``nextval`` run) on the sequence (``None``: no
+    sequence to ask about; the schema line says so)."""
+
+
+def judge_grants(grants: Grants) -> CheckFinding | None:
+    """What the role lacks: privileges an acquire needs fail, ``DELETE`` alone warns (only
+    ``forget`` and the vacuum need it); ``None`` when nothing is missing. Each names the
+    ``GRANT`` that gives it."""
+    missing = [p for p in TABLE_PRIVILEGES if p not in grants.held]
+    needed = [p for p in missing if p != "DELETE"]
+    role = ident(grants.role)
+    fixes = [f"GRANT {', '.join(missing)} ON {grants.table} TO {role}"] if missing else []
+    lacks = [f"{', '.join(missing)} on {TABLE}"] if missing else []
+    if grants.sequence_usage is False:
+        fixes.append(f"GRANT USAGE ON SEQUENCE {grants.sequence} TO {role}")
+        lacks.append(f"USAGE on {SEQUENCE}")
+    if needed or grants.sequence_usage is False:
+        return CheckFinding(
+            "writes",
+            "fail",
+            f"role {grants.role!r} lacks {' and '.join(lacks)}: every acquire is refused (it "
+            f"needs SELECT, INSERT and UPDATE on {TABLE} and USAGE on {SEQUENCE}, whose nextval "
+            f"gives the fencing tokens); {'; '.join(fixes)}",
+        )
+    if missing:
+        return CheckFinding(
+            "writes",
+            "warn",
+            f"role {grants.role!r} lacks DELETE on {TABLE}: forget() and the vacuum (worklease "
+            f"sweep) are refused, acquires, renewals and releases work; {fixes[0]}",
+        )
+    return None
+
+
 def judge_writes(
     default_read_only: str | None,
     transaction_read_only: str | None,
@@ -343,11 +395,13 @@ def judge_writes(
     refused: str | None = None,
     tried: bool = True,
     standby: bool = False,
+    grants: Grants | None = None,
 ) -> CheckFinding:
     """Can this session write: ``default_transaction_read_only`` (and where it is set),
-    ``transaction_read_only`` (``standby``: ``in_hot_standby`` is on), and the error of a
-    write tried in a rolled-back transaction (``refused``; ``tried`` is false when there was
-    no table to try it on)."""
+    ``transaction_read_only`` (``standby``: ``in_hot_standby`` is on), the role's privileges
+    on the lease table and the sequence (``grants``), and the error of a write tried in a
+    rolled-back transaction (``refused``; ``tried`` is false when there was no table to try it
+    on)."""
     if (default_read_only or "").lower() == "on":
         where = describe_source(source, role, database) or "set"
         undo = undo_hint("default_transaction_read_only", source, role, database)
@@ -370,16 +424,27 @@ def judge_writes(
             f"transaction_read_only is on in this session ({why}): every acquire, renewal and "
             "checkpoint is refused",
         )
+    lacking = judge_grants(grants) if grants is not None else None
+    if lacking is not None and lacking.status == "fail":
+        return lacking
     if refused is not None:
         return CheckFinding("writes", "fail", f"a write to {TABLE} was refused: {refused}")
+    if lacking is not None:
+        return lacking
     if not tried:
         return CheckFinding(
             "writes", "ok", f"default_transaction_read_only is off (no {TABLE} to try a write on)"
         )
+    privileges = (
+        f", role {grants.role!r} has SELECT, INSERT, UPDATE and DELETE on {TABLE} and USAGE on "
+        f"{SEQUENCE},"
+        if grants is not None and grants.sequence_usage
+        else ""
+    )
     return CheckFinding(
         "writes",
         "ok",
-        f"default_transaction_read_only is off and a write to {TABLE} is accepted "
+        f"default_transaction_read_only is off{privileges} and a write to {TABLE} is accepted "
         "(tried in a rolled-back transaction)",
     )
 
@@ -396,12 +461,16 @@ routinely (an acquire takes about a millisecond on an idle server, far more unde
 
 
 def judge_timeouts(
-    settings: dict[str, float], ttl: float, sources: dict[str, str] | None = None
+    settings: dict[str, float],
+    ttl: float,
+    sources: dict[str, str] | None = None,
+    kept: Sequence[str] = (),
 ) -> CheckFinding:
     """Server timeouts in seconds (0 = off) against the lease TTL; ``sources`` says where
     each one is set (phrases of :func:`describe_source`). Every timeout below the TTL is
     named with its value (and where it is set); those that may cut worklease's own work
-    warn, those that cancel it routinely fail."""
+    warn, those that cancel it routinely fail. ``kept``: the settings :func:`relaxing` would
+    have lifted in the check's session, left alone because a proxy is in between."""
     sources = sources or {}
     fatal: list[str] = []
     risks: list[str] = []
@@ -440,16 +509,25 @@ def judge_timeouts(
         ]
     )
     context = f"TTL {format_duration(ttl)}" + (f"; {', '.join(others)}" if others and parts else "")
+    note = (
+        f"; check left {', '.join(kept)} as it is in its own session (a proxy is in between, "
+        "where a SET could stay behind on a pooled server connection): a question it cancelled "
+        "says 'could not check'"
+        if kept
+        else ""
+    )
     if not parts:
-        return CheckFinding("timeouts", "ok", f"{', '.join(others)} ({context})")
+        return CheckFinding("timeouts", "ok", f"{', '.join(others)} ({context}){note}")
     status: Status = "fail" if fatal else "warn" if risks else "ok"
-    return CheckFinding("timeouts", status, "; ".join(parts) + f" ({context})")
+    return CheckFinding("timeouts", status, "; ".join(parts) + f" ({context}){note}")
 
 
 def relaxing(values: dict[str, str | None]) -> dict[str, str]:
     """The settings ``check`` changes in its own session before asking anything else, so a
     role's tiny timeout does not cancel its questions: each one that is set and shorter than
-    the value here (``0``: off)."""
+    the value here (``0``: off). Only on a direct connection (the server process is the one
+    in the cancel key): behind a proxy the session may be a pooled server connection that
+    keeps a session-level change for the next client."""
     targets = {"statement_timeout": "30s", "transaction_timeout": "30s"}
     changes: dict[str, str] = {}
     for name, target in targets.items():
@@ -534,29 +612,70 @@ def missing_fence() -> CheckFinding:
     )
 
 
-def judge_pooler(same_server: bool, proxied: bool = False) -> CheckFinding:
+def judge_pooler(
+    same_server: bool,
+    proxied: bool = False,
+    *,
+    mode: str | None = None,
+    forwarded: bool = False,
+) -> CheckFinding:
     """What is between this client and the server, and what that means for prepared
     statements: worklease's (ADR-0015: unprepared behind any proxy unless prepare=True) and
-    the application's own (psycopg prepares by name after five runs)."""
+    the application's own (psycopg prepares by name after five runs).
+
+    ``same_server``: two connections were served by one server session (or one moved between
+    sessions); ``proxied``: the server process is not the one in the connection's cancel key;
+    ``mode``: PgBouncer's ``pool_mode`` for this database and user, read on its admin console
+    (it decides: ``transaction`` and ``statement`` share server sessions); ``forwarded``: the
+    server process is the one in the cancel key, only the port differs (a port forward or
+    NAT, not a pooler)."""
+    if mode is not None:
+        same_server, proxied = mode != "session", True
+    read = f"PgBouncer in {mode} mode (pool_mode={mode}, read on its admin console)"
     if same_server:
+        seen = (
+            f"{read} shares server sessions between clients"
+            if mode is not None
+            else "two connections were served by one server session: a transaction-pooling "
+            "proxy (PgBouncer in transaction mode) is in between"
+        )
+        works = (
+            "lease operations work (worklease sends its statements unprepared there) but "
+            "transactional steps (lease.transaction()) are refused"
+            if mode == "statement"
+            else "worklease works through it with its defaults (it sends its own statements "
+            "unprepared there)"
+        )
         return CheckFinding(
             "pooler",
             "warn",
-            "two connections were served by one server session: a transaction-pooling proxy "
-            "(PgBouncer in transaction mode) is in between; worklease works through it with its "
-            "defaults (it sends its own statements unprepared there) but your own statements "
-            "need prepare_threshold=None on the pool's connections (unless PgBouncer 1.21+ "
-            "with max_prepared_statements > 0), pass schema= explicitly, and release "
-            "notifications need a listen_dsn straight to the server",
+            f"{seen}; {works}, but your own statements need prepare_threshold=None on the "
+            "pool's connections (unless PgBouncer 1.21+ with max_prepared_statements > 0), "
+            "pass schema= explicitly, and release notifications need a listen_dsn straight to "
+            "the server",
         )
     if proxied:
+        seen = (
+            f"{read} gives each connection its own server session"
+            if mode is not None
+            else "a proxy is in between (the server process answering is not the one in the "
+            "connection's cancel key) and two connections met two server sessions: session "
+            "pooling, or a transaction pooler whose busy or round-robin pool hid the sharing "
+            "(let this user read PgBouncer's admin console, stats_users, to be sure)"
+        )
         return CheckFinding(
             "pooler",
             "ok",
-            "a proxy is in between (the server process answering is not the one in the "
-            "connection's cancel key) and gives each connection its own server session "
-            "(session pooling): worklease sends its statements unprepared here; prepare=True "
-            "gives back the prepared path on a session pooler",
+            f"{seen}; worklease sends its statements unprepared here; prepare=True gives back "
+            "the prepared path on a session pooler",
+        )
+    if forwarded:
+        return CheckFinding(
+            "pooler",
+            "ok",
+            "the server's port is not the one connected to, but the server process is the one "
+            "in the connection's cancel key: port forwarding or NAT, not a pooler; each "
+            "connection has its own server session",
         )
     return CheckFinding(
         "pooler", "ok", "each connection has its own server session (direct or session pooling)"
@@ -630,6 +749,58 @@ def host_dsns(conninfo: str, environ: Mapping[str, str]) -> list[tuple[str, str]
     return found
 
 
+def pinned(conninfo: str, host: str, port: int | str, hostaddr: str = "") -> str:
+    """``conninfo`` reaching only the host a connection reached (``conn.info``'s ``host``,
+    ``port`` and ``hostaddr``): any session there (``target_session_attrs=any``), no load
+    balancing."""
+    params = conninfo_to_dict(conninfo)
+    for key in ("hostaddr", "load_balance_hosts"):
+        params.pop(key, None)
+    params.update(host=host, port=str(port), target_session_attrs="any")
+    if hostaddr:
+        params["hostaddr"] = hostaddr
+    return make_conninfo("", **params)
+
+
+CONNECT_TIMEOUT = 10
+"""Seconds ``check`` gives each connection attempt when the DSN (or ``PGCONNECT_TIMEOUT``)
+sets no ``connect_timeout`` of its own."""
+
+
+def bounded_dsn(conninfo: str, environ: Mapping[str, str]) -> str:
+    """``conninfo`` with ``connect_timeout`` :data:`CONNECT_TIMEOUT` unless it (or
+    ``PGCONNECT_TIMEOUT``) sets one: the DSN's own timeout is what the application gets."""
+    try:
+        params = conninfo_to_dict(conninfo)
+    except psycopg.ProgrammingError:
+        return conninfo  # connecting says what is wrong with it
+    if params.get("connect_timeout") is not None or environ.get("PGCONNECT_TIMEOUT"):
+        return conninfo
+    return make_conninfo(conninfo, connect_timeout=str(CONNECT_TIMEOUT))
+
+
+def attempt_seconds(conninfo: str, environ: Mapping[str, str]) -> float:
+    """How long one connection attempt of ``conninfo`` (after :func:`bounded_dsn`) may take,
+    as psycopg applies ``connect_timeout`` to each host: at least 2 s, and 0 or less (no
+    timeout) is psycopg's 130 s."""
+    try:
+        value = conninfo_to_dict(conninfo).get("connect_timeout")
+    except psycopg.ProgrammingError:
+        value = None
+    try:
+        seconds = int(float(str(value or environ.get("PGCONNECT_TIMEOUT") or CONNECT_TIMEOUT)))
+    except ValueError:
+        return float(CONNECT_TIMEOUT)
+    return 130.0 if seconds <= 0 else float(max(seconds, 2))
+
+
+def listen_deadline(probe_timeout: float, connect_seconds: float, hosts: int) -> float:
+    """How long the listener check waits for the listener to listen or give up: its probe
+    twice, and one connection through a route of ``hosts`` hosts, each of which may take
+    ``connect_seconds`` (a host that accepts and never answers)."""
+    return probe_timeout * 2 + max(10.0, connect_seconds * hosts)
+
+
 def session_attrs(conninfo: str, environ: Mapping[str, str]) -> str:
     """The DSN's ``target_session_attrs`` (libpq's ``PGTARGETSESSIONATTRS``, else ``any``)."""
     try:
@@ -639,9 +810,22 @@ def session_attrs(conninfo: str, environ: Mapping[str, str]) -> str:
     return str(params.get("target_session_attrs") or environ.get("PGTARGETSESSIONATTRS") or "any")
 
 
-def judge_hosts(answers: Sequence[HostAnswer], reached: str | None, attrs: str) -> CheckFinding:
+def load_balance(conninfo: str, environ: Mapping[str, str]) -> str:
+    """The DSN's ``load_balance_hosts`` (libpq's ``PGLOADBALANCEHOSTS``, else ``disable``)."""
+    try:
+        params = conninfo_to_dict(conninfo)
+    except psycopg.ProgrammingError:
+        params = {}
+    return str(params.get("load_balance_hosts") or environ.get("PGLOADBALANCEHOSTS") or "disable")
+
+
+def judge_hosts(
+    answers: Sequence[HostAnswer], reached: str | None, attrs: str, balance: str = "disable"
+) -> CheckFinding:
     """Every host of a multi-host DSN on its own: exactly one primary, and a DSN route that
-    only ever reaches a primary (``reached``: the host the DSN itself connected to)."""
+    only ever reaches a primary (``reached``: the host the DSN itself connected to;
+    ``balance``: its ``load_balance_hosts``, ``random`` picks a host at random for each
+    connection)."""
     primaries: list[HostAnswer] = []
     same: list[str] = []
     for answer in answers:
@@ -659,7 +843,8 @@ def judge_hosts(answers: Sequence[HostAnswer], reached: str | None, attrs: str) 
         f"{a.host} {'primary' if a.primary else 'standby' if a.primary is False else 'unreachable'}"
         for a in answers
     )
-    route = f"this DSN (target_session_attrs={attrs}) reaches {reached or 'no host'}"
+    spread = ", load_balance_hosts=random" if balance == "random" else ""
+    route = f"this DSN (target_session_attrs={attrs}{spread}) reaches {reached or 'no host'}"
     if len(primaries) > 1:
         names = " and ".join(p.host for p in primaries)
         every = "both" if len(primaries) == 2 else "all"
@@ -680,6 +865,17 @@ def judge_hosts(answers: Sequence[HostAnswer], reached: str | None, attrs: str) 
             "fail",
             f"target_session_attrs={attrs} prefers a standby, but worklease writes: use "
             f"target_session_attrs=read-write ({listed}; {route})",
+        )
+    standbys = [a.host for a in answers if a.primary is False]
+    if balance == "random" and standbys and attrs not in ("read-write", "primary"):
+        share = f"{len(standbys)} in {len([a for a in answers if a.primary is not None])}"
+        return CheckFinding(
+            "hosts",
+            "fail",
+            f"load_balance_hosts=random with target_session_attrs={attrs}: each connection "
+            f"takes a host at random, so about {share} of the application's connections land "
+            f"on a standby ({', '.join(standbys)}) where every acquire, renewal and checkpoint "
+            f"is refused; add target_session_attrs=read-write ({listed}; {route})",
         )
     notes = [f"{a.host} did not answer ({a.error})" for a in answers if a.primary is None]
     if attrs not in ("read-write", "primary"):
@@ -895,8 +1091,28 @@ def pgbouncer_unreadable(user: str, error: str) -> str:
 # -- the DSN's password never shows ---------------------------------------------------------
 
 
+_KEYWORD_PASSWORD = re.compile(r"(\bpassword\s*=\s*)('(?:[^'\\]|\\.)*(?:'|$)|(?:\\.|[^\s\\])+)")
+"""``password=value`` of a key/value DSN: quoted (up to the closing quote, or the end when
+it is unterminated) or not (a backslash escapes a space)."""
+_WORDS_AFTER = re.compile(r"(?:\s+[^\s=]+(?=\s|$))+")
+"""The words after an unquoted value that are no ``key=value``: in a DSN libpq cannot parse,
+the rest of a password with a space in it."""
+_URI_PASSWORD = re.compile(r"(\b[a-z][a-z0-9+.-]*://[^:/@\s]*:)([^@/\s]+)(@)", re.IGNORECASE)
+"""``scheme://user:password@`` (libpq ends the user information at the first ``@`` or ``/``)."""
+SHORT_SECRET = 4
+"""Passwords shorter than this are hidden only where they stand as a password (after
+``password=``, or in ``user:password@``): anywhere else, "1" would be every digit 1."""
+
+
+def _unquoted(value: str) -> str:
+    """A key/value DSN's value as libpq reads it (quotes dropped, backslashes undone)."""
+    if value.startswith("'"):
+        value = value[1:-1] if len(value) > 1 and value.endswith("'") else value[1:]
+    return re.sub(r"\\(.)", r"\1", value)
+
+
 def secrets(*dsns: str | None) -> list[str]:
-    """The passwords in these DSNs."""
+    """The passwords in these DSNs (as libpq reads them, and as written)."""
     found: list[str] = []
     for dsn in dsns:
         if not dsn:
@@ -904,24 +1120,38 @@ def secrets(*dsns: str | None) -> list[str]:
         try:
             password = conninfo_to_dict(dsn).get("password")
         except psycopg.ProgrammingError:
-            # unparsable: the value after password= (quoted, or up to a space), and the
-            # password of a URI's user:password@
-            quoted = re.search(r"password\s*=\s*(?:'((?:[^'\\]|\\.)*)'|(\S+))", dsn)
-            password = (quoted.group(1) or quoted.group(2)) if quoted else None
-            uri = re.match(r"\w+://[^:/@]*:([^@/]+)@", dsn)
-            if uri:
-                found.append(uri.group(1))
+            password = None
+            # unparsable: the value after password= (and each word of it, should libpq
+            # have taken its second word for a key of its own)
+            for match in _KEYWORD_PASSWORD.finditer(dsn):
+                value = match.group(2)
+                if value.startswith("'") and len(value) > 1 and value.endswith("'"):
+                    found.append(_unquoted(value))
+                    continue
+                more = None if value.startswith("'") else _WORDS_AFTER.match(dsn, match.end())
+                value = _unquoted(value + (more.group(0) if more else ""))
+                found.extend([value, *value.split()])
         if password:
             found.append(str(password))
-    return found
+        found.extend(match.group(2) for match in _URI_PASSWORD.finditer(dsn))
+    return list(dict.fromkeys(secret for secret in found if secret))
 
 
 def redact(findings: Sequence[CheckFinding], hidden: Sequence[str]) -> CheckReport:
-    """The report, every password in ``hidden`` replaced by ``***`` wherever it shows."""
+    """The report, the passwords in ``hidden`` replaced by ``***`` where they show: any value
+    of ``password=`` or ``user:password@``, and each password of :data:`SHORT_SECRET`
+    characters or more standing as a token of its own (not inside a longer word)."""
+    tokens = [
+        re.compile(r"(?<![A-Za-z0-9])" + re.escape(secret) + r"(?![A-Za-z0-9])")
+        for secret in sorted(set(hidden), key=len, reverse=True)
+        if len(secret) >= SHORT_SECRET
+    ]
 
     def scrub(text: str) -> str:
-        for secret in sorted(hidden, key=len, reverse=True):
-            text = text.replace(secret, "***")
+        text = _KEYWORD_PASSWORD.sub(r"\1***", text)
+        text = _URI_PASSWORD.sub(r"\1***\3", text)
+        for token in tokens:
+            text = token.sub("***", text)
         return text
 
     return CheckReport([replace(f, detail=scrub(f.detail)) for f in findings])

@@ -348,9 +348,9 @@ def check_listen_dsn(listen_dsn: object, listen: bool) -> str | None:
     if not listen:
         raise ConfigError("listen_dsn was given with listen=False: nothing would listen on it")
     try:
-        conninfo_to_dict(listen_dsn)
-    except psycopg.ProgrammingError as exc:
-        raise ConfigError(f"listen_dsn is not a valid conninfo string: {exc}") from None
+        check_conninfo(listen_dsn)  # never repeats the string: it may hold a password
+    except ConfigError as exc:
+        raise ConfigError(f"listen_dsn is {exc}") from None
     return listen_dsn
 
 

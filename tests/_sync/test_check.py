@@ -2,20 +2,25 @@
 # Change the async source and run "python scripts/unasync.py".
 
 """``check_postgres`` (``worklease check``) against real servers: direct, behind PgBouncer
-(transaction and session mode), with the schema missing, as a read-only role and a role with a
-tiny ``statement_timeout``, and on a multi-host DSN naming two primaries. The judgements on
-their own are in ``tests/unit``."""
+(transaction and session mode, and a round-robin pool whose sharing two connections do not
+show), through a plain port forward, with the schema missing, as a read-only role, a role
+missing grants and a role with a tiny ``statement_timeout``, and on multi-host DSNs naming
+two primaries, a standby behind random load balancing, and a host that never answers. The
+judgements on their own are in ``tests/unit``."""
 
 from __future__ import annotations
 
 import contextlib
+import time
 import uuid
 from collections.abc import Iterator
 
+import psycopg
 import pytest
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from tests import pg
+from tests.proxy import proxied
 from worklease import CheckReport, ConfigError, check_postgres
 
 pytestmark = pytest.mark.postgres
@@ -40,16 +45,24 @@ def statuses(report: CheckReport) -> dict[str, str]:
 
 
 @contextlib.contextmanager
-def role(dsn: str, setting: str) -> Iterator[tuple[str, str]]:
-    """A login role that may use the lease table of ``dsn``'s database, with ``ALTER ROLE
-    ... SET setting``; yields its name and its DSN; dropped afterwards."""
+def role(
+    dsn: str,
+    setting: str | None = None,
+    grants: str = "SELECT, INSERT, UPDATE, DELETE",
+    sequence: bool = True,
+) -> Iterator[tuple[str, str]]:
+    """A login role with ``grants`` on the lease table of ``dsn``'s database (and USAGE on
+    the sequence unless not ``sequence``), with ``ALTER ROLE ... SET setting``; yields its
+    name and its DSN; dropped afterwards."""
     name = f"worklease_check_{uuid.uuid4().hex[:10]}"
     password = uuid.uuid4().hex
     pg.execute(dsn, f"CREATE ROLE {name} LOGIN PASSWORD '{password}'")
     try:
-        pg.execute(dsn, f"GRANT SELECT, INSERT, UPDATE, DELETE ON worklease_leases TO {name}")
-        pg.execute(dsn, f"GRANT USAGE ON SEQUENCE worklease_fencing_seq TO {name}")
-        pg.execute(dsn, f"ALTER ROLE {name} SET {setting}")
+        pg.execute(dsn, f"GRANT {grants} ON worklease_leases TO {name}")
+        if sequence:
+            pg.execute(dsn, f"GRANT USAGE ON SEQUENCE worklease_fencing_seq TO {name}")
+        if setting is not None:
+            pg.execute(dsn, f"ALTER ROLE {name} SET {setting}")
         yield name, make_conninfo(dsn, user=name, password=password)
     finally:
         pg.execute(dsn, f"DROP OWNED BY {name}")
@@ -126,6 +139,114 @@ def test_behind_pgbouncer_in_session_mode_a_pool_of_20_does_not_fit_its_default_
     assert not twenty.ok
 
 
+@pytest.fixture(scope="module")
+def round_robin_pgbouncer(postgres_server: str) -> Iterator[pg.PgBouncer]:
+    """A PgBouncer in transaction mode that hands out its idle server connections in turn
+    (``server_round_robin = 1``, set on its admin console, which the test user may read):
+    two client connections in a row meet different server sessions, so a probe of two
+    connections does not show that sessions are shared."""
+    user = str(conninfo_to_dict(postgres_server).get("user") or "postgres")
+    bouncer = pg.PgBouncer(postgres_server, pool_mode="transaction", admin_users=user)
+    try:
+        bouncer.start()
+    except pg.Unavailable as exc:
+        pytest.skip(f"PgBouncer unavailable: {exc}")  # CI=true counts the skip as a failure
+    try:
+        admin = make_conninfo(bouncer.route(postgres_server), dbname="pgbouncer")
+        with psycopg.connect(admin, autocommit=True) as conn:
+            psycopg.ClientCursor(conn).execute("SET server_round_robin = 1")
+        yield bouncer
+    finally:
+        bouncer.stop()
+
+
+def test_behind_a_round_robin_transaction_pooler_no_session_setting_stays_behind(
+    postgres_server: str, round_robin_pgbouncer: pg.PgBouncer
+) -> None:
+    """The role's statement_timeout (5s, for this database) is below what the check lifts on
+    a direct connection; behind the pooler a session-level change would stay on a pooled
+    server connection for the next client. PgBouncer's own word (pool_mode on its admin
+    console) says the sessions are shared."""
+    with pg.fresh_database(postgres_server) as direct:
+        params = conninfo_to_dict(direct)
+        user, database = params.get("user") or "postgres", params["dbname"]
+        pg.execute(direct, f"ALTER ROLE {user} IN DATABASE {database} SET statement_timeout = '5s'")
+        routed = round_robin_pgbouncer.route(direct)
+        # two server connections in the pool, idle: the probe's two connections get one each
+        first, second = psycopg.connect(routed), psycopg.connect(routed)
+        for conn in (first, second):
+            conn.execute("SELECT 1")  # each in a transaction: a server connection each
+        for conn in (first, second):
+            conn.rollback()
+            conn.close()
+        report = check_postgres(routed, probe_timeout=2.0)
+        with psycopg.connect(routed, autocommit=True, prepare_threshold=None) as conn:
+            seen = {
+                conn.execute("SELECT current_setting('statement_timeout')").fetchone()
+                for _ in range(20)  # in turn over every server connection of the pool
+            }
+    assert seen == {("5s",)}, seen
+    pooler = report["pooler"]
+    assert pooler.status == "warn"
+    assert pooler.detail.startswith(
+        "PgBouncer in transaction mode (pool_mode=transaction, read on its admin console) "
+        "shares server sessions between clients"
+    )
+    assert report["connections"].detail.startswith("PgBouncer in transaction mode")
+    timeouts = report["timeouts"]
+    assert "statement_timeout=5s (set for role" in timeouts.detail
+    assert "check left statement_timeout as it is in its own session" in timeouts.detail
+
+
+def test_a_plain_port_forward_is_no_pooler_and_is_judged_by_the_server_s_limits(
+    postgres_dsn: str,
+) -> None:
+    host, port = pg.address(postgres_dsn)
+    with proxied(host, port) as forward:
+        report = check_postgres(pg.via(postgres_dsn, forward.port), probe_timeout=2.0)
+    pooler = report["pooler"]
+    assert pooler.status == "ok"
+    assert "port forwarding or NAT, not a pooler" in pooler.detail
+    connections = report["connections"]
+    assert connections.status == "ok"
+    assert "the server allows (max_connections" in connections.detail
+    assert report["timeouts"].status == "ok"
+
+
+@pytest.mark.parametrize(
+    ("grants", "sequence", "status", "lacks", "fix"),
+    [
+        (
+            "SELECT, UPDATE, DELETE",
+            False,
+            "fail",
+            "lacks INSERT on worklease_leases and USAGE on worklease_fencing_seq: every "
+            "acquire is refused",
+            "GRANT INSERT ON public.worklease_leases TO {name}; GRANT USAGE ON SEQUENCE "
+            "public.worklease_fencing_seq TO {name}",
+        ),
+        (
+            "SELECT, INSERT, UPDATE",
+            True,
+            "warn",
+            "lacks DELETE on worklease_leases: forget() and the vacuum (worklease sweep) are "
+            "refused",
+            "GRANT DELETE ON public.worklease_leases TO {name}",
+        ),
+    ],
+)
+def test_a_role_missing_grants_is_told_the_grant(
+    postgres_dsn: str, grants: str, sequence: bool, status: str, lacks: str, fix: str
+) -> None:
+    with role(postgres_dsn, grants=grants, sequence=sequence) as (name, dsn):
+        report = check_postgres(dsn, probe_timeout=2.0)
+    writes = report["writes"]
+    assert writes.status == status, writes
+    assert writes.detail.startswith(f"role '{name}' {lacks}")
+    assert writes.detail.endswith(fix.format(name=name))
+    assert report.ok is (status != "fail")
+
+
 def test_a_read_only_role_fails_naming_the_setting_and_the_role(postgres_dsn: str) -> None:
     with role(postgres_dsn, "default_transaction_read_only = on") as (name, dsn):
         report = check_postgres(dsn, probe_timeout=2.0)
@@ -165,10 +286,9 @@ def test_a_role_s_1ms_statement_timeout_is_named_and_the_check_still_answers(
 
 
 @pytest.fixture(scope="module")
-def second_primary(postgres_server: str) -> Iterator[str]:
+def second_cluster(postgres_server: str) -> Iterator[pg.ThrowawayCluster]:
     """A private cluster, a primary of its own (as a promoted standby is after a failover
-    whose old primary came back), reachable with the test server's user and database;
-    yields its ``host:port``."""
+    whose old primary came back), reachable with the test server's user and database."""
     bindir = pg.find_bindir()
     if bindir is None:
         pytest.fail("no PostgreSQL server binaries for a second primary", pytrace=False)
@@ -181,6 +301,23 @@ def second_primary(postgres_server: str) -> Iterator[str]:
             pg.execute(cluster.dsn, f'CREATE ROLE "{user}" LOGIN SUPERUSER')
         if database != "postgres":
             pg.execute(cluster.dsn, f'CREATE DATABASE "{database}"')
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+@pytest.fixture(scope="module")
+def second_primary(second_cluster: pg.ThrowawayCluster) -> str:
+    """The second cluster's ``host:port``."""
+    return f"127.0.0.1:{second_cluster.port}"
+
+
+@pytest.fixture(scope="module")
+def standby(second_cluster: pg.ThrowawayCluster) -> Iterator[str]:
+    """A streaming standby of the second cluster; yields its ``host:port``."""
+    cluster = pg.ThrowawayCluster(second_cluster.bindir)
+    try:
+        cluster.start_as_standby(second_cluster)
         yield f"127.0.0.1:{cluster.port}"
     finally:
         cluster.stop()
@@ -206,6 +343,70 @@ def test_two_primaries_in_a_multi_host_dsn_fail_as_a_split_brain(
     )
     assert f"this DSN (target_session_attrs=read-write) reaches {host}:{port}" in hosts.detail
     assert not report.ok
+
+
+def test_random_load_balancing_over_a_standby_fails_unless_the_route_wants_a_primary(
+    postgres_server: str, second_primary: str, standby: str
+) -> None:
+    (host, port), (_, standby_port) = second_primary.split(":"), standby.split(":")
+    dsn = make_conninfo(
+        postgres_server,
+        host=f"{host},{host}",
+        port=f"{port},{standby_port}",
+        load_balance_hosts="random",
+    )
+    anyone = (check_postgres(dsn, probe_timeout=2.0))["hosts"]
+    assert anyone.status == "fail", anyone
+    assert anyone.detail.startswith(
+        "load_balance_hosts=random with target_session_attrs=any: each connection takes a host "
+        f"at random, so about 1 in 2 of the application's connections land on a standby ({standby})"
+    )
+    primary = make_conninfo(dsn, target_session_attrs="read-write")
+    writing = (check_postgres(primary, probe_timeout=2.0))["hosts"]
+    assert writing.status == "ok", writing
+    assert (
+        "this DSN (target_session_attrs=read-write, load_balance_hosts=random) reaches "
+        f"{second_primary}" in writing.detail
+    )
+
+
+def test_a_standby_fails_writes_replication_and_listen_without_waiting(
+    postgres_server: str, standby: str
+) -> None:
+    host, port = standby.split(":")
+    report = check_postgres(make_conninfo(postgres_server, host=host, port=port))
+    found = statuses(report)
+    assert (found["writes"], found["replication"], found["listen"]) == ("fail",) * 3
+    assert "transaction_read_only is on" in report["writes"].detail
+    # LISTEN is refused in recovery: said at once, not after the listener's deadline
+    assert report["listen"].detail.startswith("this DSN reaches a hot standby")
+
+
+def test_a_host_that_never_answers_costs_one_connect_timeout_of_the_dsn_s_own(
+    postgres_dsn: str,
+) -> None:
+    """A host that accepts connections and never answers, first in a multi-host DSN with
+    connect_timeout=2: the check takes the DSN's timeout (not 10 s) once for the route and
+    once for all the hosts asked at once, and the listener runs on the host reached."""
+    host, port = pg.address(postgres_dsn)
+    with proxied(host, port) as hung:
+        hung.stall()
+        dsn = make_conninfo(
+            postgres_dsn,
+            host=f"127.0.0.1,{host}",
+            port=f"{hung.port},{port}",
+            connect_timeout="2",
+            target_session_attrs="read-write",
+        )
+        started = time.monotonic()
+        report = check_postgres(dsn, probe_timeout=2.0)
+        elapsed = time.monotonic() - started
+    hosts = report["hosts"]
+    assert hosts.status == "warn", hosts
+    assert f"127.0.0.1:{hung.port} did not answer (connection timeout expired)" in hosts.detail
+    assert report["listen"].status == "ok", report["listen"]
+    assert report.ok, report.findings
+    assert elapsed < 15, elapsed  # sequential 10 s timeouts took about 50 s
 
 
 @pytest.fixture

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import inspect
+from dataclasses import replace
 
 import pytest
 from psycopg.conninfo import conninfo_to_dict
@@ -10,12 +11,16 @@ from psycopg_pool import ConnectionPool
 
 from worklease._check import (
     DEFAULT_POOL_SIZE,
+    TABLE_PRIVILEGES,
     BouncerPool,
     CheckFinding,
+    Grants,
     HostAnswer,
     ServerLimits,
     Standby,
+    attempt_seconds,
     bouncer_pool,
+    bounded_dsn,
     check_arguments,
     client_options,
     derive_source,
@@ -34,7 +39,10 @@ from worklease._check import (
     judge_replication,
     judge_timeouts,
     judge_writes,
+    listen_deadline,
+    load_balance,
     pgbouncer_unreadable,
+    pinned,
     redact,
     relaxing,
     seconds_setting,
@@ -242,6 +250,70 @@ def test_writes_read_only_sessions_and_refused_writes_fail() -> None:
     assert "no worklease_leases to try a write on" in untried.detail
 
 
+GRANTED = Grants(
+    "app",
+    "public.worklease_leases",
+    "public.worklease_fencing_seq",
+    frozenset(TABLE_PRIVILEGES),
+    True,
+)
+
+
+def test_a_role_that_cannot_acquire_fails_naming_what_it_lacks_and_the_grant() -> None:
+    ok = judge_writes("off", "off", None, "app", "db", grants=GRANTED)
+    assert ok.status == "ok"
+    assert "role 'app' has SELECT, INSERT, UPDATE and DELETE on worklease_leases" in ok.detail
+    lacking = replace(GRANTED, held=frozenset({"SELECT", "UPDATE", "DELETE"}), sequence_usage=False)
+    finding = judge_writes("off", "off", None, "app", "db", grants=lacking)
+    assert finding.status == "fail"
+    assert finding.detail.startswith(
+        "role 'app' lacks INSERT on worklease_leases and USAGE on worklease_fencing_seq: every "
+        "acquire is refused"
+    )
+    assert finding.detail.endswith(
+        "; GRANT INSERT ON public.worklease_leases TO app; "
+        "GRANT USAGE ON SEQUENCE public.worklease_fencing_seq TO app"
+    )
+    # the write tried names one missing privilege; the grants name them all
+    refused = judge_writes(
+        "off",
+        "off",
+        None,
+        "app",
+        "db",
+        "permission denied for table worklease_leases",
+        grants=replace(GRANTED, held=frozenset({"SELECT"})),
+    )
+    assert refused.detail.endswith("GRANT INSERT, UPDATE, DELETE ON public.worklease_leases TO app")
+    # read-only sessions are said first
+    assert judge_writes("on", "off", "user", "app", "db", grants=lacking).detail.startswith(
+        "default_transaction_read_only is on"
+    )
+    quoted = replace(GRANTED, role="App User", table='"My".worklease_leases', sequence_usage=False)
+    assert judge_writes("off", "off", None, "App User", "db", grants=quoted).detail.endswith(
+        'GRANT USAGE ON SEQUENCE public.worklease_fencing_seq TO "App User"'
+    )
+    unknown = replace(GRANTED, sequence_usage=None)  # no sequence: the schema line says so
+    assert judge_writes("off", "off", None, "app", "db", grants=unknown).status == "ok"
+
+
+def test_a_role_without_delete_warns_that_forget_and_the_vacuum_are_refused() -> None:
+    finding = judge_writes(
+        "off",
+        "off",
+        None,
+        "app",
+        "db",
+        grants=replace(GRANTED, held=frozenset({"SELECT", "INSERT", "UPDATE"})),
+    )
+    assert finding.status == "warn"
+    assert finding.detail.startswith(
+        "role 'app' lacks DELETE on worklease_leases: forget() and the vacuum (worklease sweep) "
+        "are refused, acquires, renewals and releases work"
+    )
+    assert finding.detail.endswith("GRANT DELETE ON public.worklease_leases TO app")
+
+
 def test_setting_sources() -> None:
     assert describe_source("default", "r", "d") is None
     assert describe_source(None, "r", "d") is None
@@ -339,6 +411,60 @@ def test_hosts_one_primary_and_how_the_route_reaches_it() -> None:
     assert nobody.status == "fail"
     assert "no host answers as primary" in nobody.detail
     assert "reaches no host" in nobody.detail
+
+
+def test_random_load_balancing_over_a_standby_fails_unless_the_route_wants_a_primary() -> None:
+    hosts = [
+        HostAnswer("a:5432", True, (1, "t1")),
+        HostAnswer("b:5432", False, (1, "t2")),
+        HostAnswer("c:5432", None, error="Connection refused"),
+    ]
+    anyone = judge_hosts(hosts, "a:5432", "any", "random")
+    assert anyone.status == "fail"
+    assert anyone.detail.startswith(
+        "load_balance_hosts=random with target_session_attrs=any: each connection takes a host "
+        "at random, so about 1 in 2 of the application's connections land on a standby (b:5432)"
+    )
+    assert "add target_session_attrs=read-write" in anyone.detail
+    assert "this DSN (target_session_attrs=any, load_balance_hosts=random) reaches a:5432" in (
+        anyone.detail
+    )
+    for attrs in ("read-write", "primary"):
+        assert judge_hosts(hosts, "a:5432", attrs, "random").status == "warn"  # c is down
+    assert judge_hosts(hosts[:2], "a:5432", "read-write", "random").status == "ok"
+    assert judge_hosts(hosts[:2], "a:5432", "any", "disable").status == "warn"  # as before
+    alone = [HostAnswer("a:5432", True, (1, "t1")), HostAnswer("b:5432", True, (2, "t1"))]
+    assert judge_hosts(alone, "a:5432", "any", "random").detail.startswith("split brain")
+    assert load_balance("host=a,b load_balance_hosts=random", {}) == "random"
+    assert load_balance("host=a,b", {"PGLOADBALANCEHOSTS": "random"}) == "random"
+    assert load_balance("host=a,b", {}) == "disable"
+
+
+def test_connect_timeouts_are_the_dsn_s_own_and_10s_when_it_sets_none() -> None:
+    assert conninfo_to_dict(bounded_dsn("host=a", {}))["connect_timeout"] == "10"
+    assert bounded_dsn("host=a connect_timeout=3", {}) == "host=a connect_timeout=3"
+    assert bounded_dsn("host=a", {"PGCONNECT_TIMEOUT": "3"}) == "host=a"
+    assert bounded_dsn("host='open", {}) == "host='open"  # connecting says what is wrong
+    assert attempt_seconds("host=a connect_timeout=3", {}) == 3
+    assert attempt_seconds("host=a connect_timeout=1", {}) == 2  # psycopg's least
+    assert attempt_seconds("host=a connect_timeout=0", {}) == 130  # psycopg's "none"
+    assert attempt_seconds("host=a", {"PGCONNECT_TIMEOUT": "4"}) == 4
+    assert attempt_seconds("host=a", {}) == 10
+    # the listener check waits for its probe twice and one connection through the route
+    assert listen_deadline(2.0, 10.0, 1) == 14.0
+    assert listen_deadline(2.0, 30.0, 2) == 64.0
+
+
+def test_a_pinned_dsn_reaches_the_host_reached_alone() -> None:
+    dsn = (
+        "host=a,b port=5432,5433 user=w password=pw dbname=app load_balance_hosts=random "
+        "target_session_attrs=read-write connect_timeout=3"
+    )
+    one = conninfo_to_dict(pinned(dsn, "b", 5433))
+    assert (one["host"], one["port"], one["target_session_attrs"]) == ("b", "5433", "any")
+    assert "load_balance_hosts" not in one
+    assert (one["user"], one["password"], one["connect_timeout"]) == ("w", "pw", "3")
+    assert conninfo_to_dict(pinned(dsn, "b", 5433, "10.0.0.2"))["hostaddr"] == "10.0.0.2"
 
 
 def test_the_sizing_rule_is_the_backend_s() -> None:
@@ -458,6 +584,46 @@ def test_the_dsn_s_password_never_shows() -> None:
     assert secrets("host=h") == []
 
 
+def test_a_password_with_a_space_is_found_whole_in_a_dsn_libpq_cannot_parse() -> None:
+    def shown(dsn: str, text: str) -> str:
+        return redact([CheckFinding("connection", "fail", text)], secrets(dsn)).findings[0].detail
+
+    # an unterminated quote: the rest of the string
+    assert "Sekr3t PartTwo" in secrets("host=h password='Sekr3t PartTwo")
+    assert shown("host=h password='Sekr3t PartTwo", 'at "Sekr3t PartTwo"') == 'at "***"'
+    # unquoted, a backslash escapes the space
+    assert "Part" not in shown("host=h password=Sekr3t\\ PartTwo oops", '"Sekr3t PartTwo"')
+    # unquoted with a space: libpq complains about the word after it, which is hidden too
+    text = 'missing "=" after "PartTwo" in connection info string'
+    assert shown("host=h password=Sekr3t PartTwo port=5432", text) == (
+        'missing "=" after "***" in connection info string'
+    )
+
+
+def test_a_short_password_is_hidden_only_where_it_stands_as_a_password() -> None:
+    detail = (
+        "127.0.0.1:5432 database 'app' as 'u1', PostgreSQL 15.1; host=h password=1 port=5; "
+        "postgresql://u1:1@h/db"
+    )
+    scrubbed = redact([CheckFinding("connection", "ok", detail)], ["1"]).findings[0].detail
+    assert scrubbed == (
+        "127.0.0.1:5432 database 'app' as 'u1', PostgreSQL 15.1; host=h password=*** port=5; "
+        "postgresql://u1:***@h/db"
+    )
+    # a longer one wherever it stands as a token, not inside a longer word
+    detail = 'hunter2 in "hunter2", not in hunter22 or xhunter2'
+    assert redact([CheckFinding("x", "ok", detail)], ["hunter2"]).findings[0].detail == (
+        '*** in "***", not in hunter22 or xhunter2'
+    )
+
+
+def test_a_listen_dsn_libpq_cannot_parse_is_refused_without_repeating_it() -> None:
+    for bad in ("postgresql://u:Sekr3t%zzXY@h/db", "host=h password='Sekr3t PartTwo"):
+        with pytest.raises(ConfigError, match="listen_dsn is not a valid conninfo") as caught:
+            check_arguments("", None, bad, 30, 5)
+        assert "Sekr3t" not in str(caught.value)
+
+
 @pytest.mark.parametrize("bad", [0, -1, True, 2.5, "4", 100_001])
 def test_pool_size_and_processes_are_whole_numbers(bad: object) -> None:
     with pytest.raises(ConfigError, match="pool_size"):
@@ -473,6 +639,39 @@ def test_pool_size_and_processes_are_whole_numbers(bad: object) -> None:
 )
 def test_server_duration_settings(text: str, seconds: float) -> None:
     assert seconds_setting(text) == pytest.approx(seconds)
+
+
+def test_pgbouncer_s_pool_mode_decides_the_pooler_line() -> None:
+    transaction = judge_pooler(False, True, mode="transaction")  # the probe missed it
+    assert transaction.status == "warn"
+    assert transaction.detail.startswith(
+        "PgBouncer in transaction mode (pool_mode=transaction, read on its admin console) "
+        "shares server sessions between clients"
+    )
+    statement = judge_pooler(False, True, mode="statement")
+    assert statement.status == "warn"
+    assert "transactional steps (lease.transaction()) are refused" in statement.detail
+    session = judge_pooler(True, True, mode="session")
+    assert session.status == "ok"
+    assert session.detail.startswith("PgBouncer in session mode (pool_mode=session")
+
+
+def test_a_port_forward_is_no_pooler() -> None:
+    forward = judge_pooler(False, False, forwarded=True)
+    assert forward.status == "ok"
+    assert "port forwarding or NAT, not a pooler" in forward.detail
+    assert "proxy" not in forward.detail
+
+
+def test_timeouts_say_which_settings_the_check_left_alone_behind_a_proxy() -> None:
+    finding = judge_timeouts({"statement_timeout": 0.001}, 30.0, kept=["statement_timeout"])
+    assert finding.status == "fail"
+    assert finding.detail.endswith(
+        "; check left statement_timeout as it is in its own session (a proxy is in between, "
+        "where a SET could stay behind on a pooled server connection): a question it "
+        "cancelled says 'could not check'"
+    )
+    assert "check left" not in judge_timeouts({"statement_timeout": 0.001}, 30.0).detail
 
 
 def test_pooler_and_listener() -> None:

@@ -23,7 +23,7 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from psycopg.rows import tuple_row
 from psycopg_pool import ConnectionPool
 
-from .._acompat import sleep
+from .._acompat import Worker, cancel_worker, join_all, sleep, spawn
 from .._check import (
     COLUMNS_QUERY,
     DEFAULT_POOL_SIZE,
@@ -36,14 +36,18 @@ from .._check import (
     SESSION_SETTINGS,
     SLOTS_QUERY,
     SOURCES_QUERY,
+    TABLE_PRIVILEGES,
     TIMEOUT_SETTINGS,
     BouncerPool,
     CheckFinding,
     CheckReport,
+    Grants,
     HostAnswer,
     ServerLimits,
     Standby,
+    attempt_seconds,
     bouncer_pool,
+    bounded_dsn,
     check_arguments,
     client_options,
     derive_source,
@@ -60,11 +64,14 @@ from .._check import (
     judge_replication,
     judge_timeouts,
     judge_writes,
+    listen_deadline,
+    load_balance,
     missing_fence,
     missing_index,
     missing_sequence,
     missing_table,
     pgbouncer_unreadable,
+    pinned,
     redact,
     relaxing,
     seconds_setting,
@@ -73,7 +80,8 @@ from .._check import (
     setting_levels,
 )
 from .._failures import first_line
-from .._pg import FENCE, INDEX, SEQUENCE, TABLE
+from .._pg import FENCE, INDEX, SEQUENCE, TABLE, check_conninfo
+from ..errors import ConfigError
 from .listener import ReleaseListener
 from .watch import ReleaseHub
 
@@ -83,7 +91,10 @@ _Conn = Connection[tuple[Any, ...]]
 
 _ATTEMPTS = 5
 """How often a question that a role's tiny ``statement_timeout`` cancelled is asked again
-(before ``check`` has lifted the timeout in its own session)."""
+(before ``check`` has lifted the timeout in its own session, or where it cannot)."""
+
+_HOST_QUESTIONS = 10.0
+"""Seconds a host of a multi-host DSN gets to answer, once connected."""
 
 
 @dataclass
@@ -94,12 +105,21 @@ class _Session:
     role: str
     database: str
     proxied: bool
-    """The server process is not the one the connection was given at startup, or the server
-    port is not the one connected to: something is in between."""
+    """The server process is not the one in the connection's cancel key: a proxy is in
+    between, which may hand this client's statements to pooled server sessions."""
+    forwarded: bool = False
+    """The server process is the one in the cancel key but the server's port is not the one
+    connected to: a port forward or NAT (no pooler)."""
     shared: bool = False
     """A pooler shares server sessions between clients (PgBouncer in transaction mode)."""
     shared_error: str | None = None
     """Why whether a pooler shares sessions is not known."""
+    bouncer: BouncerPool | None = None
+    """PgBouncer's pool for this database and user, read on its admin console."""
+    bouncer_error: str = ""
+    """Why the admin console could not be read (behind a proxy)."""
+    kept: list[str] = field(default_factory=list)
+    """Settings the check would have lifted in its own session but left alone (proxied)."""
     sources: dict[str, str] = field(default_factory=dict)
     """Where each setting came from (``pg_settings.source`` words, or derived)."""
 
@@ -116,20 +136,24 @@ def check_postgres(
 ) -> CheckReport:
     """Check a PostgreSQL deployment for worklease; what it finds is reported, not raised.
 
-    Checks, in order: the connection; each host of a multi-host DSN on its own (one primary,
-    and which one the DSN's route reaches); the schema (present and the current layout); the
-    default isolation; whether the session can write (``default_transaction_read_only``,
-    ``transaction_read_only``, a write tried in a rolled-back transaction); the clock offset
+    Checks, in order: the connection; each host of a multi-host DSN on its own, all at once
+    (one primary, which one the DSN's route reaches, and no standby in a random
+    ``load_balance_hosts`` route that takes any session); the schema (present and the current
+    layout); the default isolation; whether the session can write
+    (``default_transaction_read_only``, ``transaction_read_only``, the role's privileges on
+    the table and the sequence, a write tried in a rolled-back transaction); the clock offset
     between this client and the server; ``synchronous_commit``; whether the server is a
     primary, has standbys and replicates synchronously; server timeouts against ``ttl``;
-    whether a pooler shares server sessions between clients (PgBouncer in transaction mode);
-    whether the connections of ``processes`` processes, each with an application pool of
-    ``pool_size`` (its ``max_size``), fit in PgBouncer's pool or the server's limits; and
-    whether release notifications work from ``conninfo`` (and through ``listen_dsn`` when
-    given), by running the backend's own listener. A role's short ``statement_timeout`` is
-    lifted in the check's own session (after reading it) so the questions get answers. Bad
-    arguments raise ``ConfigError`` before any I/O. No detail shows the DSN's password.
-    ``worklease check`` prints the report.
+    whether a pooler shares server sessions between clients (PgBouncer in transaction mode,
+    from its admin console when that answers); whether the connections of ``processes``
+    processes, each with an application pool of ``pool_size`` (its ``max_size``), fit in
+    PgBouncer's pool or the server's limits; and whether release notifications work from
+    ``conninfo`` (on the host it reached) and through ``listen_dsn`` when given, by running
+    the backend's own listener. Each connection attempt gets the DSN's ``connect_timeout``
+    (10 s when it sets none). On a direct connection a role's short ``statement_timeout`` is
+    lifted in the check's own session (after reading it) so the questions get answers;
+    behind a proxy no session setting is changed. Bad arguments raise ``ConfigError`` before
+    any I/O. No detail shows the DSN's password. ``worklease check`` prints the report.
     """
     conninfo, schema, listen_dsn, ttl, probe_timeout, pool_size, processes = check_arguments(
         conninfo, schema, listen_dsn, ttl, probe_timeout, pool_size, processes
@@ -147,58 +171,86 @@ def _findings(
     pool_size: int,
     processes: int,
 ) -> list[CheckFinding]:
-    findings: list[CheckFinding] = []
-    hosts = host_dsns(conninfo, os.environ)
-    attrs = session_attrs(conninfo, os.environ)
     try:
-        conn = _connect(conninfo)
-    except psycopg.Error as exc:
-        findings.append(CheckFinding("connection", "fail", f"cannot connect: {first_line(exc)}"))
-        if hosts:
-            findings.append(_guarded("hosts", _hosts, hosts, None, attrs))
-        return findings
-    with conn:
-        info = conn.info
-        version = info.server_version
+        check_conninfo(conninfo)  # libpq's own message may quote the password
+    except ConfigError as exc:
+        return [CheckFinding("connection", "fail", f"cannot connect: the DSN is {exc}")]
+    findings: list[CheckFinding] = []
+    conninfo = bounded_dsn(conninfo, os.environ)
+    hosts = _HostSurvey(host_dsns(conninfo, os.environ))
+    attrs = session_attrs(conninfo, os.environ)
+    balance = load_balance(conninfo, os.environ)
+    hosts.start()  # meanwhile the DSN's own route connects
+    try:
+        try:
+            conn = _connect(conninfo)
+        except psycopg.Error as exc:
+            findings.append(
+                CheckFinding("connection", "fail", f"cannot connect: {first_line(exc)}")
+            )
+            if hosts:
+                findings.append(_guarded("hosts", hosts.finding, None, attrs, balance))
+            return findings
+        with conn:
+            info = conn.info
+            version = info.server_version
+            findings.append(
+                CheckFinding(
+                    "connection",
+                    "ok",
+                    f"{info.host}:{info.port} database {info.dbname!r} as {info.user!r}, "
+                    f"PostgreSQL {version // 10000}.{version % 10000}",
+                )
+            )
+            reached = f"{info.host}:{info.port}"
+            if hosts:
+                findings.append(_guarded("hosts", hosts.finding, reached, attrs, balance))
+            # the host reached, alone: the route's other hosts cost no more time
+            here = pinned(conninfo, info.host, info.port, info.hostaddr) if hosts else conninfo
+            session: _Session | str
+            try:
+                session = _session(conn, conninfo, here)
+            except psycopg.Error as exc:
+                session = f"could not check: {first_line(exc)}"
+            findings.append(_guarded("schema", _schema, conn, schema))
+            findings.append(_guarded("isolation", _isolation, conn))
+            findings.append(_guarded("writes", _writes, conn, schema, session))
+            findings.append(_guarded("clock", _clock, conn))
+            findings.append(_guarded("synchronous_commit", _commit, conn))
+            findings.append(_guarded("replication", _replication, conn))
+            findings.append(_guarded("timeouts", _timeouts, session, ttl))
+            findings.append(_guarded("pooler", _pooler, session))
+            findings.append(
+                _guarded("connections", _connections, conn, session, pool_size, processes)
+            )
+    finally:
+        hosts.close()
+    if not isinstance(session, str) and session.values.get("in_hot_standby") == "on":
+        # LISTEN is refused in recovery (the listener would retry it until the deadline)
         findings.append(
             CheckFinding(
-                "connection",
-                "ok",
-                f"{info.host}:{info.port} database {info.dbname!r} as {info.user!r}, "
-                f"PostgreSQL {version // 10000}.{version % 10000}",
+                "listen",
+                "fail",
+                "this DSN reaches a hot standby, where LISTEN is refused: release "
+                "notifications need the primary",
             )
         )
-        if hosts:
-            findings.append(_guarded("hosts", _hosts, hosts, f"{info.host}:{info.port}", attrs))
-        session: _Session | str
-        try:
-            session = _session(conn, conninfo)
-        except psycopg.Error as exc:
-            session = f"could not check: {first_line(exc)}"
-        findings.append(_guarded("schema", _schema, conn, schema))
-        findings.append(_guarded("isolation", _isolation, conn))
-        findings.append(_guarded("writes", _writes, conn, schema, session))
-        findings.append(_guarded("clock", _clock, conn))
-        findings.append(_guarded("synchronous_commit", _commit, conn))
-        findings.append(_guarded("replication", _replication, conn))
-        findings.append(_guarded("timeouts", _timeouts, session, ttl))
-        findings.append(_guarded("pooler", _pooler, session))
-        findings.append(
-            _guarded("connections", _connections, conn, conninfo, session, pool_size, processes)
-        )
-    findings.append(_guarded("listen", _listen, conninfo, None, probe_timeout))
+    else:
+        findings.append(_guarded("listen", _listen, here, None, probe_timeout))
     if listen_dsn is not None:
-        findings.append(_guarded("listen_dsn", _listen, conninfo, listen_dsn, probe_timeout))
+        findings.append(
+            _guarded(
+                "listen_dsn", _listen, here, bounded_dsn(listen_dsn, os.environ), probe_timeout
+            )
+        )
     return findings
 
 
 def _connect(conninfo: str) -> _Conn:
+    """A connection for the check's questions (``conninfo`` after ``bounded_dsn``: its own
+    ``connect_timeout``)."""
     return Connection.connect(
-        conninfo,
-        autocommit=True,
-        connect_timeout=10,
-        row_factory=tuple_row,
-        prepare_threshold=None,
+        conninfo, autocommit=True, row_factory=tuple_row, prepare_threshold=None
     )
 
 
@@ -211,32 +263,38 @@ def _guarded(name: str, check: Any, *args: Any) -> CheckFinding:
     return finding
 
 
-def _one(conn: _Conn, query: bytes, params: Any = None) -> Any:
-    cursor = conn.execute(query, params)
-    row = cursor.fetchone()
-    return None if row is None else row[0]
-
-
-def _row(conn: _Conn, query: bytes | sql.Composed) -> tuple[Any, ...]:
-    """One row of a quick question, asked again when a statement timeout cancelled it."""
+def _rows(conn: _Conn, query: bytes | sql.Composed, params: Any = None) -> list[tuple[Any, ...]]:
+    """The rows of a quick question, asked again when a statement timeout cancelled it (a
+    role's tiny one, which the check lifts only on a direct connection)."""
     for attempt in range(_ATTEMPTS):
         try:
-            cursor = conn.execute(query)
-            row = cursor.fetchone()
+            cursor = conn.execute(query, params)
+            return cursor.fetchall()
         except pg_errors.QueryCanceled:
             if attempt == _ATTEMPTS - 1:
                 raise
-            continue
-        if row is None:
-            raise psycopg.DataError("the server answered no row")
-        return row
     raise AssertionError("unreachable")
 
 
-def _session(conn: _Conn, conninfo: str) -> _Session:
-    """The session's settings as it started, whether a pooler shares server sessions, and
-    (where it does not) the check's own session freed of short timeouts; then where the
-    settings came from."""
+def _one(conn: _Conn, query: bytes, params: Any = None) -> Any:
+    rows = _rows(conn, query, params)
+    return rows[0][0] if rows else None
+
+
+def _row(conn: _Conn, query: bytes | sql.Composed, params: Any = None) -> tuple[Any, ...]:
+    """One row of a quick question (see ``_rows``)."""
+    rows = _rows(conn, query, params)
+    if not rows:
+        raise psycopg.DataError("the server answered no row")
+    return rows[0]
+
+
+def _session(conn: _Conn, conninfo: str, here: str) -> _Session:
+    """The session's settings as it started; what is between this client and the server
+    (a proxy: the server process is not the one in the cancel key; PgBouncer's pool mode
+    read on its admin console, else whether two connections share a server session); on a
+    direct connection only, the check's own session freed of short timeouts; then where the
+    settings came from. ``here``: the DSN reaching the host ``conn`` reached, alone."""
     row = _row(conn, SESSION_QUERY)
     count = len(SESSION_SETTINGS)
     values = {
@@ -246,23 +304,22 @@ def _session(conn: _Conn, conninfo: str) -> _Session:
     server_pid, server_port, role, database = row[count:]
     info = conn.info
     on_socket = not info.host or info.host.startswith("/")
-    proxied = server_pid != info.backend_pid or (
-        (server_port is None) != on_socket
-        or (server_port is not None and int(server_port) != int(info.port))
+    proxied = server_pid != info.backend_pid
+    moved = (server_port is None) != on_socket or (
+        server_port is not None and int(server_port) != int(info.port)
     )
-    session = _Session(values, str(role), str(database), proxied)
-    # Two client connections on one server process, or one client moved between server
-    # processes: only a pooler sharing server sessions does that.
-    try:
-        with _connect(conninfo) as other:
-            (theirs,) = _row(other, b"SELECT pg_backend_pid()")
-        (again,) = _row(conn, b"SELECT pg_backend_pid()")
-    except psycopg.Error as exc:
-        session.shared_error = f"could not check: {first_line(exc)}"
-    else:
-        session.shared = theirs == server_pid or again != server_pid
-    # a SET would stay behind on a pooled server session
-    changes = relaxing(values) if session.shared_error is None and not session.shared else {}
+    session = _Session(values, str(role), str(database), proxied, forwarded=moved and not proxied)
+    if proxied:
+        session.bouncer, session.bouncer_error = _pgbouncer(conn, conninfo)
+        if session.bouncer is not None:
+            session.shared = session.bouncer.pool_mode != "session"
+        else:
+            session.shared, session.shared_error = _shares_sessions(conn, here, server_pid)
+    changes = relaxing(values)
+    if proxied:
+        # a session-level SET could stay behind on a pooled server connection for the next
+        # client, however the probe above came out (a busy or round-robin pool hides sharing)
+        session.kept, changes = list(changes), {}
     if changes:
         _row(
             conn,
@@ -274,11 +331,11 @@ def _session(conn: _Conn, conninfo: str) -> _Session:
             ),
         )
     try:
-        cursor = conn.execute(SOURCES_QUERY, (list(SESSION_SETTINGS),))
-        sources = {str(name): str(source) for name, source in cursor.fetchall()}
+        rows = _rows(conn, SOURCES_QUERY, (list(SESSION_SETTINGS),))
+        sources = {str(name): str(source) for name, source in rows}
         if changes:
-            cursor = conn.execute(LEVELS_QUERY)
-            levels = setting_levels([(str(a), str(b)) for a, b in cursor.fetchall()])
+            rows = _rows(conn, LEVELS_QUERY)
+            levels = setting_levels([(str(a), str(b)) for a, b in rows])
             options = _options(conninfo)
             for name in changes:
                 sources[name] = derive_source(name, options, levels)
@@ -286,6 +343,18 @@ def _session(conn: _Conn, conninfo: str) -> _Session:
         sources = {}  # where the settings come from is a courtesy
     session.sources = sources
     return session
+
+
+def _shares_sessions(conn: _Conn, here: str, server_pid: Any) -> tuple[bool, str | None]:
+    """Two client connections on one server process, or one client moved between server
+    processes: only a pooler sharing server sessions does that (a miss proves nothing)."""
+    try:
+        with _connect(here) as other:
+            (theirs,) = _row(other, b"SELECT pg_backend_pid()")
+        (again,) = _row(conn, b"SELECT pg_backend_pid()")
+    except psycopg.Error as exc:
+        return False, f"could not check: {first_line(exc)}"
+    return theirs == server_pid or again != server_pid, None
 
 
 def _options(conninfo: str) -> dict[str, str]:
@@ -297,9 +366,29 @@ def _options(conninfo: str) -> dict[str, str]:
     return client_options(str(given or os.environ.get("PGOPTIONS") or ""))
 
 
-def _hosts(hosts: list[tuple[str, str]], reached: str | None, attrs: str) -> CheckFinding:
-    answers: list[HostAnswer] = []
-    for label, dsn in hosts:
+class _HostSurvey:
+    """Each host of a multi-host DSN asked on its own, all at once: a host that accepts and
+    never answers costs one connect timeout, not one per host."""
+
+    def __init__(self, hosts: list[tuple[str, str]]) -> None:
+        self._hosts = hosts
+        self._answers: list[HostAnswer | None] = [None] * len(hosts)
+        self._workers: list[Worker] = []
+        self._bound = (
+            max((attempt_seconds(dsn, os.environ) for _, dsn in hosts), default=0.0)
+            + _HOST_QUESTIONS
+        )
+
+    def __bool__(self) -> bool:
+        return bool(self._hosts)
+
+    def start(self) -> None:
+        self._workers = [
+            spawn(self._ask, index, label, dsn, name=f"worklease-check-host-{index}")
+            for index, (label, dsn) in enumerate(self._hosts)
+        ]
+
+    def _ask(self, index: int, label: str, dsn: str) -> None:
         try:
             with _connect(dsn) as conn:
                 in_recovery, started = _row(conn, HOST_QUERY)
@@ -307,11 +396,24 @@ def _hosts(hosts: list[tuple[str, str]], reached: str | None, attrs: str) -> Che
                     (system,) = _row(conn, IDENTITY_QUERY)
                 except psycopg.Error:
                     system = None  # pg_control_system() revoked: the start time tells apart
-        except psycopg.Error as exc:
-            answers.append(HostAnswer(label, None, error=first_line(exc)))
-            continue
-        answers.append(HostAnswer(label, not in_recovery, (system, started)))
-    return judge_hosts(answers, reached, attrs)
+        except Exception as exc:
+            self._answers[index] = HostAnswer(label, None, error=first_line(exc))
+            return
+        self._answers[index] = HostAnswer(label, not in_recovery, (system, started))
+
+    def finding(self, reached: str | None, attrs: str, balance: str) -> CheckFinding:
+        join_all(self._workers, timeout=self._bound)
+        answers = [
+            answer or HostAnswer(label, None, error=f"no answer within {self._bound:g}s")
+            for answer, (label, _) in zip(self._answers, self._hosts, strict=True)
+        ]
+        return judge_hosts(answers, reached, attrs, balance)
+
+    def close(self) -> None:
+        """Stop asking the hosts that have not answered (a thread finishes by itself)."""
+        for worker in self._workers:
+            cancel_worker(worker)
+        join_all(self._workers, timeout=1.0)
 
 
 def _schema(conn: _Conn, schema: str | None) -> CheckFinding:
@@ -319,8 +421,7 @@ def _schema(conn: _Conn, schema: str | None) -> CheckFinding:
     regclass = _one(conn, b"SELECT to_regclass(%s)::oid", (table.as_string(conn),))
     if regclass is None:
         return missing_table(schema)
-    cursor = conn.execute(COLUMNS_QUERY, (regclass,))
-    rows = cursor.fetchall()
+    rows = _rows(conn, COLUMNS_QUERY, (regclass,))
     finding = judge_columns({str(name): str(kind) for name, kind in rows})
     sequence = sql.Identifier(schema, SEQUENCE) if schema else sql.Identifier(SEQUENCE)
     if finding.status == "ok":
@@ -342,9 +443,9 @@ def _isolation(conn: _Conn) -> CheckFinding:
 
 
 def _writes(conn: _Conn, schema: str | None, session: _Session | str) -> CheckFinding:
-    """The settings that make a session read-only, then a write tried for real: an UPDATE
-    of no row, in a transaction rolled back (as a lease write, it needs a writable session
-    and the UPDATE privilege)."""
+    """The settings that make a session read-only, the role's privileges on the lease table
+    and the sequence, then a write tried for real: an UPDATE of no row, in a transaction
+    rolled back (as a lease write, it needs a writable session and the UPDATE privilege)."""
     if isinstance(session, str):
         return CheckFinding("writes", "fail", session)
     values = session.values
@@ -359,8 +460,10 @@ def _writes(conn: _Conn, schema: str | None, session: _Session | str) -> CheckFi
     if finding.status != "ok":
         return finding
     table = sql.Identifier(schema, TABLE) if schema else sql.Identifier(TABLE)
-    if _one(conn, b"SELECT to_regclass(%s)::oid", (table.as_string(conn),)) is None:
+    regclass = _one(conn, b"SELECT to_regclass(%s)::oid", (table.as_string(conn),))
+    if regclass is None:
         return judge_writes("off", "off", None, session.role, session.database, tried=False)
+    grants = _grants(conn, regclass)
     refused: str | None = None
     try:
         with conn.transaction(force_rollback=True):
@@ -368,7 +471,30 @@ def _writes(conn: _Conn, schema: str | None, session: _Session | str) -> CheckFi
             conn.execute(sql.SQL("UPDATE {} SET holder_id = holder_id WHERE false").format(table))
     except (pg_errors.ReadOnlySqlTransaction, pg_errors.InsufficientPrivilege) as exc:
         refused = first_line(exc)
-    return judge_writes("off", "off", None, session.role, session.database, refused)
+    return judge_writes("off", "off", None, session.role, session.database, refused, grants=grants)
+
+
+_GRANTS_QUERY = (
+    b"SELECT current_user, c.relnamespace::regnamespace::text, "
+    + b", ".join(b"has_table_privilege(c.oid, '%s')" % p.encode() for p in TABLE_PRIVILEGES)
+    + b", has_sequence_privilege(s.oid, 'USAGE, UPDATE') FROM pg_class c "
+    b"LEFT JOIN pg_class s ON s.relnamespace = c.relnamespace AND s.relname = %s "
+    b"AND s.relkind = 'S' WHERE c.oid = %s"
+)
+"""The check's role, the lease table's schema, the role's privileges on the table, and
+whether it may take ``nextval`` of the sequence beside it (``USAGE`` or ``UPDATE``)."""
+
+
+def _grants(conn: _Conn, regclass: Any) -> Grants:
+    row = _row(conn, _GRANTS_QUERY, (SEQUENCE, regclass))
+    role, namespace, *held, usage = row
+    return Grants(
+        role=str(role),
+        table=f"{namespace}.{TABLE}",
+        sequence=f"{namespace}.{SEQUENCE}",
+        held=frozenset(p for p, has in zip(TABLE_PRIVILEGES, held, strict=True) if has),
+        sequence_usage=None if usage is None else bool(usage),
+    )
 
 
 def _clock(conn: _Conn) -> CheckFinding:
@@ -395,13 +521,12 @@ def _commit(conn: _Conn) -> CheckFinding:
 
 def _replication(conn: _Conn) -> CheckFinding:
     in_recovery = bool(_one(conn, b"SELECT pg_is_in_recovery()"))
-    cursor = conn.execute(REPLICATION_QUERY)
     standbys = [
-        Standby(str(name or ""), mode, state, kind) for name, mode, state, kind in cursor.fetchall()
+        Standby(str(name or ""), mode, state, kind)
+        for name, mode, state, kind in _rows(conn, REPLICATION_QUERY)
     ]
     try:
-        cursor = conn.execute(SLOTS_QUERY)
-        inactive = [str(name) for (name,) in cursor.fetchall()]
+        inactive = [str(name) for (name,) in _rows(conn, SLOTS_QUERY)]
     except pg_errors.InsufficientPrivilege:
         inactive = []
     return judge_replication(in_recovery, standbys, inactive)
@@ -420,23 +545,25 @@ def _timeouts(session: _Session | str, ttl: float) -> CheckFinding:
         where = describe_source(session.sources.get(name), session.role, session.database)
         if where is not None:
             sources[name] = where
-    return judge_timeouts(settings, ttl, sources)
+    return judge_timeouts(settings, ttl, sources, session.kept)
 
 
 def _pooler(session: _Session | str) -> CheckFinding:
     if isinstance(session, str):
         return CheckFinding("pooler", "fail", session)
+    if session.bouncer is not None:
+        return judge_pooler(session.shared, True, mode=session.bouncer.pool_mode)
     if session.shared_error is not None:
         return CheckFinding("pooler", "fail", session.shared_error)
-    return judge_pooler(session.shared, session.proxied)
+    return judge_pooler(session.shared, session.proxied, forwarded=session.forwarded)
 
 
 def _connections(
-    conn: _Conn, conninfo: str, session: _Session | str, pool_size: int, processes: int
+    conn: _Conn, session: _Session | str, pool_size: int, processes: int
 ) -> CheckFinding:
     """The server's limits for this role and database; behind a proxy, PgBouncer's pool for
-    this database when its admin console answers (``SHOW`` works for admin_users and
-    stats_users)."""
+    this database when its admin console answered (``SHOW`` works for admin_users and
+    stats_users). A port forward is no proxy: the server's limits are what counts."""
     server: ServerLimits | None = None
     try:
         limits = _row(conn, LIMITS_QUERY)
@@ -452,14 +579,15 @@ def _connections(
         )
     except psycopg.Error:
         pass
-    proxied = not isinstance(session, str) and (session.proxied or session.shared)
-    if not proxied:
+    if isinstance(session, str) or not session.proxied:
         return judge_connections(pool_size, processes, server)
-    pool, error = _pgbouncer(conn, conninfo)
-    if pool is not None:
-        return judge_connections(pool_size, processes, server, pool)
+    if session.bouncer is not None:
+        return judge_connections(pool_size, processes, server, session.bouncer)
     return judge_connections(
-        pool_size, processes, server, proxy=pgbouncer_unreadable(conn.info.user, error)
+        pool_size,
+        processes,
+        server,
+        proxy=pgbouncer_unreadable(conn.info.user, session.bouncer_error),
     )
 
 
@@ -467,14 +595,9 @@ def _pgbouncer(conn: _Conn, conninfo: str) -> tuple[BouncerPool | None, str]:
     """PgBouncer's pool for this connection's database and user, read on its admin console
     (database ``pgbouncer`` at the host and port this connection reached), or why not."""
     info = conn.info
-    params = conninfo_to_dict(conninfo)
-    for key in ("hostaddr", "load_balance_hosts", "options"):
-        params.pop(key, None)
-    params.update(
-        host=info.host, port=str(info.port), dbname="pgbouncer", target_session_attrs="any"
-    )
-    if info.hostaddr:
-        params["hostaddr"] = info.hostaddr
+    params = conninfo_to_dict(pinned(conninfo, info.host, info.port, info.hostaddr))
+    params.pop("options", None)
+    params["dbname"] = "pgbouncer"
     try:
         admin = Connection.connect(make_conninfo("", **params), autocommit=True, connect_timeout=5)
     except psycopg.Error as exc:
@@ -501,21 +624,31 @@ def _show(admin: Connection[Any], what: str) -> list[dict[str, Any]]:
 
 
 def _listen(conninfo: str, listen_dsn: str | None, probe_timeout: float) -> CheckFinding:
+    """The backend's own listener, its settings from ``conninfo`` (for a multi-host DSN, the
+    host the check reached), listening on ``listen_dsn`` when given."""
     name = "listen" if listen_dsn is None else "listen_dsn"
     route = "this DSN" if listen_dsn is None else "the listen DSN"
     # The listener takes its settings from an application pool; this one is never opened.
     settings: ConnectionPool[Any] = ConnectionPool(
-        conninfo, open=False, kwargs={"prepare_threshold": None, "connect_timeout": 10}
+        conninfo, open=False, kwargs={"prepare_threshold": None}
     )
     listener = ReleaseListener(settings, ReleaseHub(), listen_dsn)
     listener.probe_timeout = probe_timeout
+    listening_on = listen_dsn or conninfo
+    wait = listen_deadline(
+        probe_timeout,
+        attempt_seconds(listening_on, os.environ),
+        max(len(host_dsns(listening_on, os.environ)), 1),
+    )
     listener.start()
     try:
-        deadline = time.monotonic() + probe_timeout * 2 + 10
+        deadline = time.monotonic() + wait
         while not (listener.listening or listener.fell_back):
             if time.monotonic() > deadline:
                 return CheckFinding(
-                    name, "fail", f"the release listener could not connect through {route}"
+                    name,
+                    "fail",
+                    f"the release listener could not connect through {route} in {wait:g}s",
                 )
             sleep(0.05)
         return judge_listener(name, route, listener.listening, listener.fallback_reason)
