@@ -289,14 +289,17 @@ async def test_going_around_keeps_the_pool_s_configure(
 def read_only_role(postgres_dsn: str) -> Iterator[str]:
     """A role whose sessions are read-only by default, allowed to use the lease table."""
     role = f"worklease_ro_{uuid.uuid4().hex[:8]}"
+    password = uuid.uuid4().hex
     with psycopg.connect(postgres_dsn, autocommit=True) as conn:
         name = sql.Identifier(role)
-        conn.execute(sql.SQL("CREATE ROLE {} LOGIN").format(name))
+        conn.execute(  # a server that wants passwords gets one
+            sql.SQL("CREATE ROLE {} LOGIN PASSWORD {}").format(name, sql.Literal(password))
+        )
         conn.execute(sql.SQL("ALTER ROLE {} SET default_transaction_read_only = on").format(name))
         conn.execute(sql.SQL("GRANT ALL ON worklease_leases TO {}").format(name))
         conn.execute(sql.SQL("GRANT ALL ON SEQUENCE worklease_fencing_seq TO {}").format(name))
     try:
-        yield make_conninfo(postgres_dsn, user=role)
+        yield make_conninfo(postgres_dsn, user=role, password=password)
     finally:
         with psycopg.connect(postgres_dsn, autocommit=True) as conn:
             conn.execute(sql.SQL("DROP OWNED BY {}").format(sql.Identifier(role)))

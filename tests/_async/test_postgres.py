@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import random
+import uuid
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 from time import monotonic
@@ -546,7 +547,8 @@ async def test_least_privilege_role_from_the_readme(postgres_dsn: str) -> None:
     pg.reset(postgres_dsn)
     role = "worklease_worker_" + str(abs(hash(postgres_dsn)) % 100000)
     pg.execute(postgres_dsn, f"DROP ROLE IF EXISTS {role}")
-    pg.execute(postgres_dsn, f"CREATE ROLE {role} LOGIN")
+    password = uuid.uuid4().hex  # a server that wants passwords gets one
+    pg.execute(postgres_dsn, f"CREATE ROLE {role} LOGIN PASSWORD '{password}'")
     try:
         pg.execute(postgres_dsn, f"GRANT USAGE ON SCHEMA public TO {role}")
         pg.execute(
@@ -554,7 +556,7 @@ async def test_least_privilege_role_from_the_readme(postgres_dsn: str) -> None:
             f"GRANT SELECT, INSERT, UPDATE, DELETE ON worklease_leases TO {role}",
         )
         pg.execute(postgres_dsn, f"GRANT USAGE ON SEQUENCE worklease_fencing_seq TO {role}")
-        worker_dsn = psycopg.conninfo.make_conninfo(postgres_dsn, user=role)
+        worker_dsn = psycopg.conninfo.make_conninfo(postgres_dsn, user=role, password=password)
         async with (
             AsyncConnectionPool(worker_dsn, min_size=1, max_size=2, open=False) as pool,
             AsyncPostgresBackend(pool) as backend,
