@@ -362,7 +362,10 @@ class GatewayProxy:
 
         self._server = Server(("127.0.0.1", 0), Handler)
         self._thread = threading.Thread(
-            target=self._server.serve_forever, name="test-gateway-proxy", daemon=True
+            target=self._server.serve_forever,
+            args=(0.05,),  # the poll interval: a close does not wait half a second
+            name="test-gateway-proxy",
+            daemon=True,
         )
         self._thread.start()
 
@@ -451,9 +454,9 @@ def lease_ttls(cluster: EtcdCluster, leases: list[int]) -> dict[int, int]:
     return found
 
 
-def hold_leases(cluster: EtcdCluster, prefix: str) -> dict[str, int]:
-    """Work ID -> the etcd lease its hold key is attached to, for the held work IDs of a
-    backend's ``prefix`` (read from etcd directly: the backend's key layout, ADR-0013)."""
+def _keys(cluster: EtcdCluster, prefix: str) -> list[tuple[str, bytes, int]]:
+    """(work ID, kind of key, its etcd lease) of every key under a backend's ``prefix`` (read
+    from etcd directly: the backend's key layout, ADR-0013)."""
     import base64
 
     start = prefix.encode() + b"\x00"
@@ -467,10 +470,21 @@ def hold_leases(cluster: EtcdCluster, prefix: str) -> dict[str, int]:
                 "keys_only": True,
             },
         ).json()
-    found: dict[str, int] = {}
+    found: list[tuple[str, bytes, int]] = []
     for kv in answer.get("kvs", ()):
         key = base64.b64decode(kv["key"])[len(start) :]
         work_id, _, kind = key.rpartition(b"\x00")
-        if kind == b"h":
-            found[work_id.decode()] = int(kv.get("lease", 0))
+        found.append((work_id.decode(), kind, int(kv.get("lease", 0))))
     return found
+
+
+def hold_leases(cluster: EtcdCluster, prefix: str) -> dict[str, int]:
+    """Work ID -> the etcd lease its hold key is attached to, for the held work IDs of a
+    backend's ``prefix``."""
+    return {work_id: lease for work_id, kind, lease in _keys(cluster, prefix) if kind == b"h"}
+
+
+def work_ids(cluster: EtcdCluster, prefix: str) -> set[str]:
+    """The work IDs that have keys under a backend's ``prefix``: every one ever granted (and
+    not swept or forgotten since)."""
+    return {work_id for work_id, _, _ in _keys(cluster, prefix)}

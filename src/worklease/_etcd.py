@@ -442,8 +442,10 @@ CONNECTIONS = MAIN_CONNECTIONS + RENEWAL_CONNECTIONS + WATCH_CONNECTIONS
 """The HTTP client's connections: every lane's, and the release watch's."""
 QUEUE_WAIT = 30.0
 """Seconds a call waits at most for a connection of its lane (or the request timeout, when
-longer). Each request in flight ends within its own timeout, so the queue always moves; the
-bound keeps a call from waiting on without end behind a crowd that keeps coming."""
+longer). The queue moves as requests in flight end, but nothing bounds how long one takes as
+a whole: httpx's timeout bounds each step (connecting, sending, each read), so a member that
+trickles its answer holds its connection for as long as it goes on. The bound keeps a call
+from waiting on without end behind such requests, or behind a crowd that keeps coming."""
 
 
 def queue_wait(timeout: float) -> float:
@@ -451,13 +453,61 @@ def queue_wait(timeout: float) -> float:
     return max(QUEUE_WAIT, timeout)
 
 
-def queue_timeout(operation: str, lane: str, size: int, waited: float) -> BackendError:
-    """A call that waited its lane's bound for a connection: this process was busy, no
-    member failed (none was asked)."""
+def lane_wait(bound: float, left: float | None) -> tuple[float, bool]:
+    """How long a request waits for a connection of its lane: the lane's ``bound``, or what
+    is left of its caller's deadline (``left``: ``worklease._deadline.seconds_left()``) when
+    that comes first, with ``True`` beside it then. A request still waiting at its caller's
+    deadline is never sent: the caller has given up (an acquire's timeout) or its lease's
+    window has closed (a sync checkpoint or release inside a renewal), and a request sent
+    later would act for nobody: grant a lease to hand back, or write to a lease already
+    reported lost. A wait of 0 with ``True``: the deadline has passed, send nothing."""
+    if left is None or left >= bound:
+        return bound, False
+    return max(left, 0.0), True
+
+
+def queue_timeout(
+    operation: str,
+    lane: str,
+    size: int,
+    waited: float,
+    *,
+    deadline: bool = False,
+    last: BaseException | None = None,
+    member: str | None = None,
+) -> BackendError:
+    """A request that got no connection of its lane in time, so it was never sent: the
+    lane's bound ran out (this backend was busy: no member failed), or its caller's deadline
+    came first (``deadline``, see ``lane_wait``). ``last``: the error of ``member``, asked
+    before by the same call (this was a failover attempt), named and chained; without it no
+    member was asked."""
+    busy = f"one of this backend's {size} connections for {lane}"
+    busy += " (every one busy with this backend's other calls)"
+    if not deadline:
+        text = f"{operation}: waited {waited:g} s for {busy}"
+    elif waited > 0:
+        text = f"{operation}: the caller's deadline came while it waited {waited:.3g} s for {busy}"
+    else:
+        text = f"{operation}: the caller's deadline had passed"
+    if last is not None:
+        said = first_line(last).removeprefix(f"{operation}: ")
+        text += f"; the request was not sent again after etcd at {member} failed ({said})"
+    elif deadline:
+        text += "; the request was never sent: no etcd member was asked"
+    else:
+        text += "; no etcd member was asked"
+    error = BackendError(text, transient=True)
+    error.__cause__ = last
+    return error
+
+
+def closed_in_flight(operation: str, idempotent: bool) -> BackendError:
+    """A request in flight when the backend was closed (httpx ends it with a transport
+    error): what a closed backend raises (``closed``), saying a write may have been applied."""
+    unknown = "" if idempotent else "; whether its write was applied is unknown"
     return BackendError(
-        f"{operation}: waited {waited:g} s for one of this backend's {size} connections for "
-        f"{lane} (every one busy with this process's other calls); no etcd member was asked",
-        transient=True,
+        f"{operation}: the backend is closed (it was closed while the request was in flight"
+        f"{unknown})"
     )
 
 

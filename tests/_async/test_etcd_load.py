@@ -6,9 +6,11 @@ one backend object.
   are never applied and never answered. A lease without an answer is unknown, not gone: it is
   sent again, and a renewal that cannot get its answers is a transient error, never a loss.
   The cases read each lease's TTL back from etcd: a keepalive reported applied was applied.
-- Callers beyond the backend's connections wait their turn for one: the wait is nobody's
-  failure (no member is blamed, nothing fails over) and renewals have connections of their
-  own, so they go on while every other connection is busy.
+- Callers beyond the backend's connections wait their turn for one, first come first served:
+  the wait is nobody's failure (no member is blamed, nothing fails over) and renewals have
+  connections of their own, so they go on while every other connection is busy. A call still
+  waiting at its caller's deadline gives up unsent; callers waiting when the backend closes
+  are told it is closed.
 
 Cases that need the gateway to misbehave in a known way go through ``etcd.GatewayProxy``.
 """
@@ -17,15 +19,21 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
+from datetime import UTC, datetime
 
+import httpx
 import pytest
 
 from tests import etcd
 from tests._acompat import aspawn_all
-from worklease import AsyncEtcdBackend, BackendError, Token
-from worklease._acompat import ajoin_all, asleep, aspawn
+from worklease import AsyncEtcdBackend, AsyncLease, BackendError, Token
+from worklease._acompat import AEvent, AWorker, ajoin_all, asleep, aspawn
+from worklease._async import etcd as etcd_backend
+from worklease._async.etcd import _Lane
+from worklease._deadline import bounded_by
+from worklease._etcd import MAIN_CONNECTIONS
 
 pytestmark = pytest.mark.etcd
 
@@ -66,6 +74,35 @@ async def proxied(
 def not_refreshed(before: dict[int, int], after: dict[int, int]) -> list[int]:
     """The leases whose TTL did not go up between the two readings (time only lowers it)."""
     return [lease for lease, ttl in after.items() if ttl <= before[lease]]
+
+
+async def until(done: Callable[[], bool], what: str, within: float = 30.0) -> None:
+    """Wait until ``done()`` (a generous bound: it fails only when it never happens)."""
+    deadline = time.monotonic() + within
+    while not done():
+        assert time.monotonic() < deadline, what
+        await asleep(0.02)
+
+
+async def fill_the_calls_lane(
+    backend: AsyncEtcdBackend, proxy: etcd.GatewayProxy, extra: int = 0
+) -> tuple[AWorker, list[Token | BaseException]]:
+    """Busy every connection for ordinary calls: ``proxy`` (the preferred member's) holds its
+    answers to lease grants, and as many acquires as there are connections wait for theirs
+    (``extra`` more wait for a connection). Release the proxy, then join the worker."""
+    proxy.hold("/v3/lease/grant")
+    results: list[Token | BaseException] = []
+
+    async def acquire(i: int) -> Token:
+        return await backend.acquire(f"crowd{i:04d}", "h", TTL)
+
+    async def storm() -> None:
+        results.extend(await aspawn_all(acquire, MAIN_CONNECTIONS + extra))
+
+    worker = aspawn(storm, name="test-storm")
+    await until(lambda: proxy.held == MAIN_CONNECTIONS, "the grants did not reach the member")
+    await until(lambda: len(backend._calls._queue) == extra, "the extra callers did not queue")
+    return worker, results
 
 
 # -- keepalives ----------------------------------------------------------------------------
@@ -133,6 +170,27 @@ async def test_keepalives_nobody_answers_are_a_transient_error_not_a_loss(
         assert await backend.renew_many(tokens, TTL) == [None] * len(tokens)
 
 
+async def test_a_member_answering_no_keepalives_is_left_for_the_next(
+    etcd_cluster: etcd.EtcdCluster,
+) -> None:
+    """Only the preferred member answers keepalives with nothing: the refresh moves on to
+    another member, which answers them (no error, and every hold keeps its etcd lease)."""
+    prefix = new_prefix()
+    async with proxied(etcd_cluster, prefix) as (backend, proxies):
+        tokens = [token for token, _ in await backend.acquire_many(ids(5), "h", TTL)]
+        leases = etcd.hold_leases(etcd_cluster, prefix)
+        assert proxies[0].requests
+        assert not any(proxy.requests for proxy in proxies[1:])
+        proxies[0].keepalive = "none"
+        assert await backend.renew_many(tokens, TTL) == [None] * len(tokens)
+        await backend.renew(tokens[0], TTL)
+        await backend.checkpoint(tokens[1], b"state", TTL)
+        assert proxies[0].requests.get("/v3/lease/keepalive")
+        assert any(proxy.requests.get("/v3/lease/keepalive") for proxy in proxies[1:])
+        assert etcd.hold_leases(etcd_cluster, prefix) == leases  # refreshed, never replaced
+        assert (await backend.read_checkpoint(tokens[1])).state == b"state"
+
+
 # -- many callers on one backend -----------------------------------------------------------
 
 
@@ -193,3 +251,158 @@ async def test_calls_wait_for_busy_connections_and_renewals_go_on(
         assert [r for r in results if isinstance(r, BaseException)] == []
         assert len(results) == crowd
         assert not any(proxy.requests for proxy in others)
+
+
+async def test_a_call_still_waiting_for_a_connection_at_its_deadline_is_never_sent(
+    etcd_cluster: etcd.EtcdCluster,
+) -> None:
+    """Every connection for ordinary calls is busy. A call whose caller's deadline (the lease
+    layer's: an acquire's timeout, a sync checkpoint or release inside a renewal's window)
+    comes while it waits for one gives up then and is never sent: sent later, an acquire
+    would be granted after its caller gave up, a checkpoint would write after the renewal
+    reported the lease lost."""
+    prefix = new_prefix()
+    async with proxied(etcd_cluster, prefix, timeout=1.0) as (backend, proxies):
+        lease = AsyncLease(backend, holder_id="late", ttl=TTL)
+        worker, results = await fill_the_calls_lane(backend, proxies[0])
+        try:
+            with bounded_by(time.monotonic() + 0.5), pytest.raises(BackendError) as waited:
+                await backend.acquire("late", "h", TTL)
+            assert waited.value.transient
+            assert "the caller's deadline came while it waited" in str(waited.value)
+            assert "never sent: no etcd member was asked" in str(waited.value)
+            with pytest.raises(TimeoutError):
+                await lease.acquire("late-too", wait=True, timeout=0.5)
+            # Nothing is left waiting to be sent once a connection is free (a sync attempt
+            # the lease abandoned runs on in a helper thread).
+            await until(lambda: not backend._calls._queue, "an abandoned call still waits", 10.0)
+        finally:
+            proxies[0].release()
+            assert await ajoin_all([worker], timeout=60.0)
+        assert [r for r in results if isinstance(r, BaseException)] == []
+        assert not {"late", "late-too"} & etcd.work_ids(etcd_cluster, prefix)  # never granted
+        # A deadline already passed: nothing is sent, even with connections free.
+        with bounded_by(time.monotonic() - 1.0), pytest.raises(BackendError) as passed:
+            await backend.acquire("late", "h", TTL)
+        assert passed.value.transient
+        assert "the caller's deadline had passed" in str(passed.value)
+        assert "late" not in etcd.work_ids(etcd_cluster, prefix)
+
+
+async def test_a_failover_attempt_past_the_callers_deadline_is_not_sent() -> None:
+    """The first member got the read and answered nothing before the caller's deadline: the
+    read is not sent on to the next member, and the error names what the first one did (a
+    member was asked)."""
+    asked: list[str] = []
+
+    async def nothing(request: httpx.Request) -> httpx.Response:
+        asked.append(str(request.url))
+        await asleep(0.3)  # past the caller's deadline
+        raise httpx.ReadTimeout("timed out", request=request)
+
+    backend = AsyncEtcdBackend(["http://m1:2379", "http://m2:2379"], prefix=new_prefix())
+    await backend._client.aclose()
+    backend._client = httpx.AsyncClient(transport=httpx.MockTransport(nothing))
+    try:
+        token = Token("w", "h", 1000, datetime.now(UTC))
+        with bounded_by(time.monotonic() + 0.1), pytest.raises(BackendError) as caught:
+            await backend.read_checkpoint(token)
+    finally:
+        await backend.close()
+    assert asked == ["http://m1:2379/v3/kv/range"]
+    assert caught.value.transient
+    assert "the caller's deadline had passed" in str(caught.value)
+    assert "not sent again after etcd at http://m1:2379 failed (timed out)" in str(caught.value)
+    assert isinstance(caught.value.__cause__, httpx.ReadTimeout)
+
+
+async def test_callers_waiting_for_a_connection_when_the_backend_closes_are_told_so(
+    etcd_cluster: etcd.EtcdCluster,
+) -> None:
+    """Calls in flight and calls waiting for a connection when the backend closes raise what
+    a closed backend raises, not httpx's error for its closed client."""
+    extra = 4
+    async with proxied(etcd_cluster, new_prefix(), timeout=1.0) as (backend, proxies):
+        worker, results = await fill_the_calls_lane(backend, proxies[0], extra)
+        try:
+            await backend.close()
+            assert await ajoin_all([worker], timeout=60.0)
+        finally:
+            proxies[0].release()
+    assert len(results) == MAIN_CONNECTIONS + extra
+    for result in results:
+        assert isinstance(result, BackendError), repr(result)
+        assert str(result).startswith("acquire: the backend is closed"), str(result)
+
+
+# -- connection lanes ------------------------------------------------------------------------
+
+
+async def test_callers_waiting_for_a_connection_get_it_in_the_order_they_came() -> None:
+    lane = _Lane("calls", 1)
+    assert await lane.enter(1.0)
+    order: list[int] = []
+
+    async def waiter(n: int) -> None:
+        if await lane.enter(30.0):
+            order.append(n)
+            lane.leave()
+
+    workers: list[AWorker] = []
+    for n in range(4):
+        workers.append(aspawn(waiter, n, name=f"test-waiter-{n}"))
+        await until(lambda: len(lane._queue) == len(workers), "a waiter did not queue")
+    lane.leave()
+    assert await ajoin_all(workers, timeout=30.0)
+    assert order == [0, 1, 2, 3]
+    assert (lane._free, len(lane._queue)) == (1, 0)
+
+
+async def test_a_connection_handed_over_as_its_waiter_times_out_is_kept(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The connection comes just as the wait ends: the waiter has it (it is not lost)."""
+    lane = _Lane("calls", 1)
+
+    class HandedOverLate(AEvent):
+        async def wait_timeout(self, timeout: float | None = None) -> bool:
+            lane.leave()  # handed to this waiter, the first in the queue...
+            return False  # ...as its wait timed out
+
+    assert await lane.enter(1.0)
+    monkeypatch.setattr(etcd_backend, "AEvent", HandedOverLate)
+    assert await lane.enter(1.0)
+    assert (lane._free, len(lane._queue)) == (0, 0)
+    lane.leave()
+    assert lane._free == 1
+
+
+async def test_a_connection_handed_over_as_its_waiter_is_interrupted_is_passed_on(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The connection comes just as the waiter is cancelled (interrupted, in a thread): it
+    goes to the next caller, or back to the lane (it is not lost)."""
+    lane = _Lane("calls", 1)
+
+    class Interrupted(BaseException):
+        pass
+
+    class HandedOverInterrupted(AEvent):
+        async def wait_timeout(self, timeout: float | None = None) -> bool:
+            lane.leave()  # handed to this waiter, the first in the queue...
+            raise Interrupted  # ...as it is interrupted
+
+    assert await lane.enter(1.0)
+    monkeypatch.setattr(etcd_backend, "AEvent", HandedOverInterrupted)
+    with pytest.raises(Interrupted):
+        await lane.enter(1.0)
+    assert (lane._free, len(lane._queue)) == (1, 0)
+
+
+async def test_a_waiter_that_times_out_leaves_the_queue() -> None:
+    lane = _Lane("calls", 1)
+    assert await lane.enter(1.0)
+    assert await lane.enter(0.05) is False
+    assert not lane._queue
+    lane.leave()
+    assert lane._free == 1

@@ -35,9 +35,11 @@ from worklease._etcd import (
     WorkKeys,
     check_endpoints,
     check_prefix,
+    closed_in_flight,
     judge_error,
     keepalive_answers,
     keepalive_bodies,
+    lane_wait,
     lease_seconds,
     pool_timeout,
     prefix_end,
@@ -608,13 +610,68 @@ def test_waiting_for_a_connection_is_named_and_is_no_members_failure() -> None:
     error = queue_timeout("acquire", "calls", MAIN_CONNECTIONS, queue_wait(5.0))
     assert error.transient
     assert f"{MAIN_CONNECTIONS} connections for calls" in str(error)
+    assert "busy with this backend's other calls" in str(error)
     assert "no etcd member was asked" in str(error)
+    assert error.__cause__ is None
     local = pool_timeout("renew", TimeoutError("timed out"))
     assert local.transient
     assert "no etcd member was asked" in str(local)
+
+
+def test_a_failover_attempt_that_got_no_connection_names_the_member_asked_before() -> None:
+    asked = TimeoutError("timed out")
+    error = queue_timeout("read_checkpoint", "calls", 16, 30.0, last=asked, member="http://m1:1")
+    assert error.transient
+    assert "no etcd member was asked" not in str(error)
+    assert "after etcd at http://m1:1 failed (timed out)" in str(error)
+    assert error.__cause__ is asked
+    said = BackendError("read_checkpoint: etcd answered 'leader changed' (HTTP 503)")
+    late = queue_timeout("read_checkpoint", "calls", 16, 0.0, deadline=True, last=said, member="m")
+    assert "failed (etcd answered 'leader changed' (HTTP 503))" in str(late)
+    assert late.__cause__ is said
 
 
 def test_the_wait_for_a_connection_is_not_the_request_timeout() -> None:
     assert queue_wait(1.0) == QUEUE_WAIT
     assert queue_wait(60.0) == 60.0
     assert CONNECTIONS == MAIN_CONNECTIONS + RENEWAL_CONNECTIONS + 1  # and the watch's
+
+
+@pytest.mark.parametrize(
+    ("left", "expected"),
+    [
+        (None, (30.0, False)),  # no deadline: the lane's bound
+        (45.0, (30.0, False)),  # a deadline after the bound
+        (30.0, (30.0, False)),
+        (2.5, (2.5, True)),  # the caller's deadline comes first
+        (0.0, (0.0, True)),
+        (-1.0, (0.0, True)),  # passed: nothing is sent
+    ],
+)
+def test_the_wait_for_a_connection_ends_at_the_callers_deadline(
+    left: float | None, expected: tuple[float, bool]
+) -> None:
+    assert lane_wait(30.0, left) == expected
+
+
+def test_a_request_still_waiting_at_its_callers_deadline_says_it_was_never_sent() -> None:
+    waited = queue_timeout("checkpoint", "calls", 16, 1.25, deadline=True)
+    assert waited.transient
+    assert "the caller's deadline came while it waited 1.25 s" in str(waited)
+    assert "the request was never sent: no etcd member was asked" in str(waited)
+    passed = queue_timeout("acquire", "calls", 16, 0.0, deadline=True)
+    assert passed.transient
+    assert str(passed) == (
+        "acquire: the caller's deadline had passed; the request was never sent: "
+        "no etcd member was asked"
+    )
+
+
+def test_a_request_in_flight_when_the_backend_closed_reads_as_closed() -> None:
+    read = closed_in_flight("status", idempotent=True)
+    assert not read.transient
+    assert str(read).startswith("status: the backend is closed")
+    assert "unknown" not in str(read)
+    write = closed_in_flight("release", idempotent=False)
+    assert str(write).startswith("release: the backend is closed")
+    assert "whether its write was applied is unknown" in str(write)

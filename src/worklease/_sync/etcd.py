@@ -27,6 +27,7 @@ except ImportError as exc:  # pragma: no cover - depends on the installation
     ) from exc
 
 from .._acompat import Event, ThreadLock, Worker, cancel_worker, join_all, spawn
+from .._deadline import seconds_left
 from .._etcd import (
     ACQUIRE_COMPARES,
     ACQUIRE_OPS,
@@ -46,11 +47,13 @@ from .._etcd import (
     checkpoint_from,
     checkpoint_held,
     chunks,
+    closed_in_flight,
     contended,
     cut,
     delete,
     expiry,
     judge_error,
+    lane_wait,
     lease_seconds,
     pool_timeout,
     prefix_end,
@@ -157,9 +160,12 @@ class EtcdBackend:
     ``BackendError`` and the lease layer decides, as with a lost PostgreSQL connection.
 
     ``prefix``: where the keys live (several applications can share one cluster).
-    ``timeout``: seconds per request. ``username``/``password``: etcd authentication (the
-    token is fetched once and again when etcd says it expired). ``ca_file``, ``cert_file``,
-    ``key_file`` or a ready ``ssl_context``: TLS for ``https://`` endpoints.
+    ``timeout``: seconds per step of a request once sent (connecting, sending, each read of
+    the answer); waiting for one of the backend's connections is not counted (it ends at the
+    caller's deadline, or after 30 s or ``timeout``, the longer). ``username``/``password``:
+    etcd authentication (the token is fetched once and again when etcd says it expired).
+    ``ca_file``, ``cert_file``, ``key_file`` or a ready ``ssl_context``: TLS for ``https://``
+    endpoints.
 
     Expiry is etcd's: each grant attaches its work ID's hold key to an etcd lease whose TTL
     is the lease TTL rounded up to whole seconds (etcd counts whole seconds and may raise a
@@ -282,28 +288,39 @@ class EtcdBackend:
         """One request, to the preferred member and then the others while that is safe.
 
         It waits for a connection of its ``lane`` (ordinary calls by default) first: that
-        wait is this process's, so it never counts against a member."""
+        wait is this backend's, so it never counts against a member. It ends at the caller's
+        deadline (``seconds_left()``), if that comes first: the request is not sent then
+        (``lane_wait``), nor once the deadline has passed."""
         self._open(operation)
         lane = lane or self._calls
         count = len(self._endpoints)
         first: int | None = None
         last: BaseException | None = None
+        failed_at: str | None = None  # the member whose error ``last`` is
         reauthenticated = False
         attempt = 0
         while attempt < count:
             headers = self._headers(operation, lane) if authenticate else {}
-            if not lane.enter(self._queue_wait):
-                raise queue_timeout(operation, lane.name, lane.size, self._queue_wait)
+            wait, deadline = lane_wait(self._queue_wait, seconds_left())
+            if (deadline and wait <= 0) or not lane.enter(wait):
+                raise queue_timeout(
+                    operation,
+                    lane.name,
+                    lane.size,
+                    wait,
+                    deadline=deadline,
+                    last=last,
+                    member=failed_at,
+                )
             if first is None:  # the member preferred once it is this call's turn
                 first = self._preferred
             index = (first + attempt) % count
             endpoint = self._endpoints[index]
             try:
-                if content is not None:
-                    headers["Content-Type"] = "application/json"
-                    response = self._client.post(endpoint + path, content=content, headers=headers)
-                else:
-                    response = self._client.post(endpoint + path, json=body, headers=headers)
+                self._open(operation)  # closed while it waited
+                response = self._send(
+                    endpoint + path, operation, idempotent, body, content, headers
+                )
             except ssl.SSLError as exc:  # raised bare by some transports
                 raise tls_failed(operation, endpoint, exc) from exc
             except httpx.PoolTimeout as exc:  # waiting for this client: no member's failure
@@ -311,7 +328,7 @@ class EtcdBackend:
             except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
                 if (tls := tls_cause(exc)) is not None:
                     raise tls_failed(operation, endpoint, tls) from exc
-                last = exc  # never delivered: the next member may take it
+                last, failed_at = exc, endpoint  # never delivered: the next member may take it
                 self._preferred = (index + 1) % count
                 attempt += 1
                 continue
@@ -320,7 +337,7 @@ class EtcdBackend:
                     raise tls_failed(operation, endpoint, tls) from exc
                 self._preferred = (index + 1) % count
                 if idempotent:
-                    last = exc
+                    last, failed_at = exc, endpoint
                     attempt += 1
                     continue
                 raise BackendError(
@@ -341,10 +358,11 @@ class EtcdBackend:
             if answer.reauthenticate and authenticate and not reauthenticated:
                 self._auth_token = None
                 reauthenticated = True
+                last, failed_at = answer.error, endpoint  # asked: named if no connection comes
                 continue
             if not answer.elsewhere:
                 raise answer.error
-            last = answer.error
+            last, failed_at = answer.error, endpoint
             self._preferred = (index + 1) % count
             attempt += 1
         if isinstance(last, BackendError):
@@ -354,6 +372,32 @@ class EtcdBackend:
             f"tried {', '.join(self._endpoints)})",
             transient=True,
         ) from last
+
+    def _send(
+        self,
+        url: str,
+        operation: str,
+        idempotent: bool,
+        body: dict[str, Any] | None,
+        content: str | None,
+        headers: dict[str, str],
+    ) -> httpx.Response:
+        """POST one request. Should the backend close meanwhile, it raises what a closed
+        backend raises: httpx refuses a request on its closed client with a bare
+        ``RuntimeError``, and ends one in flight with a transport error."""
+        try:
+            if content is not None:
+                headers["Content-Type"] = "application/json"
+                return self._client.post(url, content=content, headers=headers)
+            return self._client.post(url, json=body, headers=headers)
+        except RuntimeError as exc:
+            if self._closed:
+                raise closed(operation) from exc
+            raise
+        except httpx.TransportError as exc:
+            if self._closed:
+                raise closed_in_flight(operation, idempotent) from exc
+            raise
 
     def _txn(
         self, body: dict[str, Any], operation: str, lane: _Lane | None = None
