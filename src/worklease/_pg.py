@@ -205,9 +205,10 @@ class PoolTrouble:
     of its own (a direct slot): psycopg_pool reconnects on a backoff that starts at 1 s and
     doubles, which would hold every write back for seconds after the server is back.
 
-    The signs, judged when a checkout timed out: the pool never served this backend (a pool
-    that cannot connect at all: one direct attempt tells why, at once); the pool's own
-    counters of failed connection attempts and lost connections moved since it last served
+    The signs, judged when a checkout timed out: the pool never served this backend and a
+    connection attempt of it failed (a pool that cannot connect at all: one direct attempt
+    tells why, at once; a pool still making its first connection is waited for); the pool's
+    own counters of failed connection attempts and lost connections moved since it last served
     (the baseline is refreshed at most every ``refresh`` seconds, on a checkout that was
     served); or a statement lost its connection since it last served. A pool that serves
     again is out of trouble; one that is only busy is waited for. No I/O; races between
@@ -250,10 +251,15 @@ class PoolTrouble:
         """At a checkout that timed out: whether to go around the pool (``stats`` are
         ``pool.get_stats()``)."""
         failures = self.failures(stats)
-        moved = self._failures is not None and failures != self._failures
-        if self._failures is None:  # first look: a baseline, not a sign
+        if not self.served:
+            # Still opening: slow is not failing (a first connection takes its time on a
+            # loaded machine); a failed attempt is (wrong credentials fail at once).
+            troubled = failures > 0 or self._lost
+        else:
+            moved = self._failures is not None and failures != self._failures
+            troubled = moved or self._lost
+        if self._failures is None:  # first look: a baseline
             self._failures = failures
-        troubled = not self.served or moved or self._lost
         self._suspect = troubled
         return troubled
 

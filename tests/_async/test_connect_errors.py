@@ -247,8 +247,9 @@ async def test_going_around_keeps_the_pool_s_configure(
     postgres_dsn: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A pool whose configure callback sets the search_path: a call that goes around it
-    (here: the pool never served this backend, and the application holds its connection)
-    resolves the same table, so a held lease stays held."""
+    (after an outage, the pool's reconnect an hour away) resolves the same table, so a held
+    lease stays held."""
+    monkeypatch.setattr(AttemptWithBackoff, "INITIAL_DELAY", 3600.0)
     schema = f"wl_configured_{uuid.uuid4().hex[:8]}"
     setup = await AsyncConnection.connect(postgres_dsn, autocommit=True)
     async with setup:
@@ -267,18 +268,32 @@ async def test_going_around_keeps_the_pool_s_configure(
         await first.open(wait=True)
         holder = AsyncPostgresBackend(first, listen=False)
         await AsyncLease(holder, holder_id="a", ttl=60.0).acquire("job")
-        # A second backend on a new pool of one connection, which the application holds.
-        second: AsyncConnectionPool[Any] = AsyncConnectionPool(
-            postgres_dsn, min_size=1, max_size=1, open=False, configure=configure
-        )
-        await second.open(wait=True)
-        busy = await second.getconn()
-        other = AsyncPostgresBackend(second, listen=False)
-        with pytest.raises(LeaseHeldError):
-            await AsyncLease(other, holder_id="b", ttl=60.0).acquire("job")
-        await second.putconn(busy)
-        await other.close()
-        await second.close()
+        # A second backend whose pool loses its connection and will not reconnect soon.
+        with proxied(*pg.address(postgres_dsn)) as proxy:
+            second: AsyncConnectionPool[Any] = AsyncConnectionPool(
+                pg.via(postgres_dsn, proxy.port),
+                min_size=1,
+                max_size=1,
+                open=False,
+                configure=configure,
+                check=AsyncConnectionPool.check_connection,
+                timeout=CUT_TIMEOUT,
+            )
+            await second.open(wait=True)
+            other = AsyncPostgresBackend(second, listen=False)
+            lease = AsyncLease(other, holder_id="b", ttl=60.0)
+            with pytest.raises(LeaseHeldError):  # served by the pool: the configured table
+                await lease.acquire("job")
+            proxy.cut()
+            await second.check()  # finds its connection gone; the reconnect attempt fails
+            while not second.get_stats().get("connections_errors"):
+                await asleep(0.01)
+            proxy.restore()
+            with pytest.raises(LeaseHeldError):  # around the pool: the same table
+                await lease.acquire("job")
+            assert second.get_stats()["pool_available"] == 0  # the pool did not serve it
+            await other.close()
+            await second.close()
         await holder.close()
         await first.close()
     finally:

@@ -248,8 +248,9 @@ def test_going_around_keeps_the_pool_s_configure(
     postgres_dsn: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A pool whose configure callback sets the search_path: a call that goes around it
-    (here: the pool never served this backend, and the application holds its connection)
-    resolves the same table, so a held lease stays held."""
+    (after an outage, the pool's reconnect an hour away) resolves the same table, so a held
+    lease stays held."""
+    monkeypatch.setattr(AttemptWithBackoff, "INITIAL_DELAY", 3600.0)
     schema = f"wl_configured_{uuid.uuid4().hex[:8]}"
     setup = Connection.connect(postgres_dsn, autocommit=True)
     with setup:
@@ -268,18 +269,32 @@ def test_going_around_keeps_the_pool_s_configure(
         first.open(wait=True)
         holder = PostgresBackend(first, listen=False)
         Lease(holder, holder_id="a", ttl=60.0).acquire("job")
-        # A second backend on a new pool of one connection, which the application holds.
-        second: ConnectionPool[Any] = ConnectionPool(
-            postgres_dsn, min_size=1, max_size=1, open=False, configure=configure
-        )
-        second.open(wait=True)
-        busy = second.getconn()
-        other = PostgresBackend(second, listen=False)
-        with pytest.raises(LeaseHeldError):
-            Lease(other, holder_id="b", ttl=60.0).acquire("job")
-        second.putconn(busy)
-        other.close()
-        second.close()
+        # A second backend whose pool loses its connection and will not reconnect soon.
+        with proxied(*pg.address(postgres_dsn)) as proxy:
+            second: ConnectionPool[Any] = ConnectionPool(
+                pg.via(postgres_dsn, proxy.port),
+                min_size=1,
+                max_size=1,
+                open=False,
+                configure=configure,
+                check=ConnectionPool.check_connection,
+                timeout=CUT_TIMEOUT,
+            )
+            second.open(wait=True)
+            other = PostgresBackend(second, listen=False)
+            lease = Lease(other, holder_id="b", ttl=60.0)
+            with pytest.raises(LeaseHeldError):  # served by the pool: the configured table
+                lease.acquire("job")
+            proxy.cut()
+            second.check()  # finds its connection gone; the reconnect attempt fails
+            while not second.get_stats().get("connections_errors"):
+                sleep(0.01)
+            proxy.restore()
+            with pytest.raises(LeaseHeldError):  # around the pool: the same table
+                lease.acquire("job")
+            assert second.get_stats()["pool_available"] == 0  # the pool did not serve it
+            other.close()
+            second.close()
         holder.close()
         first.close()
     finally:

@@ -22,9 +22,11 @@ def stats(errors: int = 0, lost: int = 0) -> dict[str, int]:
     return {"connections_errors": errors, "connections_lost": lost, "pool_size": 4}
 
 
-def test_a_pool_that_never_served_is_in_trouble() -> None:
+def test_a_pool_that_never_served_is_in_trouble_once_an_attempt_failed() -> None:
     trouble = PoolTrouble()
-    assert trouble.judge(stats())  # one direct attempt tells why it cannot connect
+    assert not trouble.judge(stats())  # still making its first connection: slow, not failing
+    assert not trouble.suspected()
+    assert trouble.judge(stats(errors=1))  # one direct attempt tells why it cannot connect
     assert trouble.suspected()
 
 
