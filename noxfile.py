@@ -85,7 +85,7 @@ def faults(session: nox.Session) -> None:
 def tests(session: nox.Session) -> None:
     """The whole test suite (both flavours, every backend that is reachable)."""
     session.install("-e", ".", *group("test"))
-    session.run("python", "-m", "pytest", *session.posargs)
+    session.run("python", "-m", "pytest", "-n", "3", *(session.posargs or ()))
 
 
 @nox.session(python=GEN_PYTHON)
