@@ -226,10 +226,26 @@ class EtcdCluster:
         self.wait_healthy(members=[member])
 
     def pause(self, member: Member) -> None:
-        """SIGSTOP: the member stops answering anyone (a partition, from the outside)."""
+        """SIGSTOP: the member stops answering anyone (a partition, from the outside).
+        Returns once every thread of it has stopped: a thread busy on another CPU stops only
+        at its next entry into the kernel, and until then it may still answer a request (seen
+        on a loaded machine: an answer 2 ms after the signal)."""
         assert member.process is not None
         member.process.send_signal(signal.SIGSTOP)
         member.paused = True
+        tasks = Path(f"/proc/{member.process.pid}/task")
+        deadline = time.monotonic() + 10.0
+        while True:
+            states = []
+            for stat in tasks.glob("*/stat"):
+                with contextlib.suppress(OSError):
+                    # the state follows the command name in parentheses
+                    states.append(stat.read_text().rsplit(")", 1)[1].split()[0])
+            if states and all(state in ("T", "t") for state in states):
+                return
+            if time.monotonic() > deadline:
+                raise AssertionError(f"member {member.name} did not stop: {states}")
+            time.sleep(0.001)
 
     def resume(self, member: Member) -> None:
         assert member.process is not None

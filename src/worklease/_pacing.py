@@ -73,12 +73,18 @@ class WaitPacing:
         self._poll = poll
         self._last: datetime | None = None
 
-    def next_delay(self, expires_at: datetime | None) -> float:
+    def next_delay(self, expires_at: datetime | None, started: datetime | None = None) -> float:
+        """The wait after an attempt that found the work ID held until ``expires_at``;
+        ``started`` is when that attempt began (now when not given). The same expiry counts
+        as "still in force" only for an attempt that began after it: one that began before
+        and merely ended after it (a slow round trip, a loaded machine) waits for the expiry
+        again, a few milliseconds."""
         if expires_at is None:
             self._last = None
             return self._poll
         now = datetime.now(UTC)
-        if expires_at == self._last and now >= expires_at:
+        began = now if started is None else started
+        if expires_at == self._last and began >= expires_at:
             return self._poll
         self._last = expires_at
         until = (expires_at - now).total_seconds() + self.MARGIN

@@ -159,3 +159,18 @@ def test_wait_pacing_wakes_at_the_expiry_then_polls() -> None:
     past = datetime.now(UTC) - timedelta(seconds=3)  # a skewed clock
     assert pacing.next_delay(past) == WaitPacing.MARGIN
     assert pacing.next_delay(past) == 2.0
+
+
+def test_an_attempt_that_began_before_the_expiry_waits_for_it_again() -> None:
+    """Woken early, the next attempt began before the expiry but ended after it (a slow
+    round trip): that is no sign of a skewed clock, so no full poll interval."""
+    from datetime import UTC, datetime, timedelta
+
+    from worklease._pacing import WaitPacing
+
+    pacing = WaitPacing(15.0)
+    expiry = datetime.now(UTC) - timedelta(milliseconds=20)  # passed while the attempt ran
+    began = expiry - timedelta(milliseconds=30)
+    assert pacing.next_delay(expiry, began) == WaitPacing.MARGIN
+    assert pacing.next_delay(expiry, began) == WaitPacing.MARGIN  # began before it again
+    assert pacing.next_delay(expiry, expiry + timedelta(milliseconds=1)) == 15.0  # after it

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 
 from .._acompat import AEvent, acall, acleanup
 from .._models import ExitMode, Token
@@ -147,12 +147,13 @@ class AsyncLeader:
             return await lease.acquire(self._work_id)
         pacing = WaitPacing(options.poll_interval)
         while True:
+            started = datetime.now(UTC)
             try:
                 return await lease.acquire(self._work_id)
             except LeaseHeldError as held:
                 if self._stop.is_set():
                     raise
-                await self._pause(pacing.next_delay(held.expires_at), watch)
+                await self._pause(pacing.next_delay(held.expires_at, started), watch)
 
     async def _term(self, fn: AsyncTokenCallback) -> None:
         lease = self._lease

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 
 from .._acompat import abounded, asleep, awithin
 from .._deadline import bounded_by
@@ -173,6 +173,7 @@ class AsyncLease:
         watch = self._watch_releases((work_id,))
         try:
             while True:
+                started = datetime.now(UTC)
                 try:
                     return await self._acquire_once(work_id, reading, deadline)
                 except LeaseHeldError as held:
@@ -184,7 +185,7 @@ class AsyncLease:
                             f"{limit:g}s timeout ({type(exc).__name__}: {exc})"
                         ) from exc
                     raise
-                delay = pacing.next_delay(last_held.expires_at)
+                delay = pacing.next_delay(last_held.expires_at, started)
                 if deadline is not None:
                     left = deadline - monotonic()
                     if left <= 0:

@@ -6,7 +6,7 @@
 from __future__ import annotations
 
 import logging
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 
 from .._acompat import Event, call, cleanup
 from .._models import ExitMode, Token
@@ -150,12 +150,13 @@ class Leader:
             return lease.acquire(self._work_id)
         pacing = WaitPacing(options.poll_interval)
         while True:
+            started = datetime.now(UTC)
             try:
                 return lease.acquire(self._work_id)
             except LeaseHeldError as held:
                 if self._stop.is_set():
                     raise
-                self._pause(pacing.next_delay(held.expires_at), watch)
+                self._pause(pacing.next_delay(held.expires_at, started), watch)
 
     def _term(self, fn: TokenCallback) -> None:
         lease = self._lease

@@ -5,7 +5,7 @@
 
 from __future__ import annotations
 
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 
 from .._acompat import bounded, sleep, within
 from .._deadline import bounded_by
@@ -174,6 +174,7 @@ class Lease:
         watch = self._watch_releases((work_id,))
         try:
             while True:
+                started = datetime.now(UTC)
                 try:
                     return self._acquire_once(work_id, reading, deadline)
                 except LeaseHeldError as held:
@@ -185,7 +186,7 @@ class Lease:
                             f"{limit:g}s timeout ({type(exc).__name__}: {exc})"
                         ) from exc
                     raise
-                delay = pacing.next_delay(last_held.expires_at)
+                delay = pacing.next_delay(last_held.expires_at, started)
                 if deadline is not None:
                     left = deadline - monotonic()
                     if left <= 0:
