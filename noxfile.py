@@ -114,3 +114,14 @@ def bench_scale(session: nox.Session) -> None:
     comparison stays runnable as python benchmarks/bench_scale.py."""
     session.install("-e", ".[bench]", *group("test"))
     session.run("python", "benchmarks/bench_fairshare.py", *session.posargs)
+
+
+@nox.session(name="bench-pool-scale", python=GEN_PYTHON)
+def bench_pool_scale(session: nox.Session) -> None:
+    """Pools on the grid N = 1,000 / 10,000 / 100,000 work IDs x P = 2 / 4 / 8 processes
+    (coverage, idle server CPU and transactions/s, slot backoffs, RSS, SIGTERM release,
+    kill -9 failover), commit 0fc614a ("before") vs the working tree ("after") ->
+    benchmarks/results/pool_scale.* (not a default session; the full grid takes 30-60
+    minutes). Arguments go to the script: nox -s bench-pool-scale -- --grid 1000x2,1000x4."""
+    session.install("-e", ".[bench]", *group("test"))
+    session.run("python", "benchmarks/bench_pool_scale.py", *session.posargs)

@@ -10,11 +10,13 @@ The pool covers the work IDs ``scale/00000`` .. ``scale/NNNNN`` (the same in eve
 The work function holds its work ID until the pool stops. The worker prints JSON lines to
 stdout:
 
-- ``{"event": "started", "t": ..., "worklease": ...}`` when the pool starts running
-  (``t`` is ``time.monotonic()``, which all processes on one machine share);
-- ``{"event": "stats", "t": ..., "held": ..., "cpu_s": ..., ...}`` every
-  ``--report-interval`` seconds: work IDs whose work function runs here, the process CPU time,
-  and running counts of what the lease and the pool reported to their observers;
+- ``{"event": "started", "t": ..., "worklease": ..., "rss_kib": ...}`` when the pool starts
+  running (``t`` is ``time.monotonic()``, which all processes on one machine share;
+  ``rss_kib`` the resident set size then, ``null`` without Linux's ``/proc``);
+- ``{"event": "stats", "t": ..., "held": ..., "cpu_s": ..., "rss_kib": ..., ...}`` every
+  ``--report-interval`` seconds: work IDs whose work function runs here, the process CPU time
+  and resident set size, and running counts of what the lease and the pool reported to
+  their observers;
 - with ``--trail``: ``{"event": "acquired", ...}`` for every acquisition (work ID, token,
   what the previous holder left: exit, holder, checkpoint) and ``{"event": "checkpointed",
   ...}`` once the work function's one checkpoint (``"<holder>:<token>"``, written right after
@@ -36,6 +38,7 @@ import asyncio
 import inspect
 import json
 import logging
+import os
 import signal
 import sys
 import time
@@ -59,6 +62,16 @@ def work_ids(count: int) -> list[str]:
     """The benchmark's work IDs (shared with bench_scale.py)."""
     width = max(len(str(count - 1)), 5)
     return [f"scale/{i:0{width}d}" for i in range(count)]
+
+
+def rss_kib() -> int | None:
+    """This process's resident set size in KiB (Linux ``/proc``), else ``None``."""
+    try:
+        with open("/proc/self/statm", encoding="ascii") as statm:
+            pages = int(statm.read().split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+    return pages * (os.sysconf("SC_PAGE_SIZE") // 1024)
 
 
 def emit(**fields: Any) -> None:
@@ -215,12 +228,19 @@ async def run(args: argparse.Namespace, origin: str) -> int:
                     t=time.monotonic(),
                     held=len(pool.active_slots()),
                     cpu_s=time.process_time(),
+                    rss_kib=rss_kib(),
                     **counts,
                 )
                 await asyncio.sleep(args.report_interval)
 
         reporter = asyncio.create_task(report())
-        emit(event="started", holder=args.holder, t=time.monotonic(), worklease=origin)
+        emit(
+            event="started",
+            holder=args.holder,
+            t=time.monotonic(),
+            worklease=origin,
+            rss_kib=rss_kib(),
+        )
         try:
             await pool.run()
         finally:
