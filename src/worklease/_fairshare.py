@@ -24,7 +24,20 @@ work ID tends to return to the same member.
 Stability: a member sheds only when its surplus has been seen on two scans in a row (a
 membership that flickers moves nothing) and only as much as the other members lack beyond
 the free work IDs (never into the void); both taking and shedding are bounded per scan
-(``max_moves``).
+(``max_moves``), and taking also grows in steps (at most ``TAKE_STEP`` or as many as the
+member already holds, whichever is more): a member starting cold, or a survivor asked to
+take over far more than it holds, grows by at most doubling per scan instead of acquiring
+(and then renewing) more in one go than it has shown it can carry.
+
+Quiet scans (ADR-0017): a member whose last full survey found it exactly at its target,
+with nothing to take or shed, has nothing to decide while the members stay the same and it
+still holds as many: if every member is at its target, every work ID is held. So such a
+member first reads only the members (``survey`` of no work IDs: a few rows) and surveys the
+whole set only when they changed, when its own count changed (a slot ended: lost, retired,
+handed back), or when ``FULL_SURVEY_EVERY`` seconds passed since its last full survey (a
+safety net for what the members cannot show, such as a lapsed lease of a holder outside the
+group). The background cost of a settled pool is then independent of the number of work
+IDs; a member under or over its target surveys every scan as before.
 """
 
 from __future__ import annotations
@@ -38,7 +51,9 @@ from ._validation import MAX_WORK_ID_BYTES, check_work_id
 from .errors import PoolConfigError
 
 __all__ = [
+    "FULL_SURVEY_EVERY",
     "MEMBER_PREFIX",
+    "TAKE_STEP",
     "Balancer",
     "Member",
     "Plan",
@@ -55,6 +70,13 @@ __all__ = [
 
 MEMBER_PREFIX = "worklease.member/"
 """Work IDs starting with this hold pool memberships, never work."""
+
+TAKE_STEP = 1_000
+"""Work IDs a member may take on one scan even when it holds fewer (see the module doc)."""
+
+FULL_SURVEY_EVERY = 300.0
+"""Seconds between full surveys of a settled member (see the module doc): the only part of
+a settled pool's background work that grows with the number of work IDs, spread thin."""
 
 _MAX_GROUP_BYTES = 256
 _HOLDER_DIGEST = 24
@@ -201,7 +223,12 @@ class Balancer:
     holder_id: str
     cap: int | None = None
     max_moves: int = 10
+    full_every: float = FULL_SURVEY_EVERY
     _surplus_seen: int = field(default=0, init=False)
+    _settled: tuple[dict[str, bytes | None], int, float] | None = field(default=None, init=False)
+    """After a full survey that found this member at its target with nothing to move: the
+    members seen, the work IDs held, and when the next full survey is due anyway."""
+    _last: Plan | None = field(default=None, init=False)
     _order: dict[str, bytes] = field(default_factory=dict, init=False)
     _others: dict[str, dict[str, bytes]] = field(default_factory=dict, init=False)
 
@@ -227,19 +254,48 @@ class Balancer:
 
         return sorted(free, key=key, reverse=True)
 
+    def settled(self) -> bool:
+        """Whether the next scan may start with a look at the members only (``quiet``)."""
+        return self._settled is not None
+
+    def quiet(self, members: Mapping[str, bytes | None], held: int, now: float) -> Plan | None:
+        """After a look at the members only: the plan of a scan with nothing to do (the last
+        full survey's figures, nothing taken or shed) when nothing this member decides on can
+        have changed, else ``None``: a full survey is needed. ``held``: work IDs with a slot
+        running here that are not being handed over; ``now``: monotonic seconds."""
+        settled, last = self._settled, self._last
+        if settled is None or last is None:
+            return None
+        seen, was_held, due = settled
+        if now >= due or held != was_held or dict(members) != seen:
+            self._settled = None
+            return None
+        return Plan(last.members, last.target, held, uncovered=last.uncovered)
+
     def plan(
         self,
         survey: PoolSurvey,
         mine: Iterable[str],
         shedding: Iterable[str] = (),
         done: Iterable[str] = (),
+        *,
+        now: float | None = None,
     ) -> Plan:
         """This member's next moves. ``mine``: work IDs with a slot running here (holding or
         about to); ``shedding``: those of them already being handed over; ``done``: work IDs
-        this member retired or gave up, never taken again."""
-        mine = set(mine)
-        done = set(done)
-        leaving = set(shedding) & mine
+        this member retired or gave up, never taken again. With ``now`` (monotonic seconds),
+        a plan with nothing to move lets the next scans be quiet (see ``quiet``)."""
+        result = self._plan(survey, set(mine), set(shedding), set(done))
+        self._last = result
+        settled = result.held == result.target and not result.take and not result.shed
+        if now is not None and settled:
+            self._settled = (dict(survey.members), result.held, now + self.full_every)
+        else:
+            self._settled = None
+        return result
+
+    def _plan(self, survey: PoolSurvey, mine: set[str], shedding: set[str], done: set[str]) -> Plan:
+        leaving = shedding & mine
         staying = mine - leaving
         members = [
             decode_member(holder, state)
@@ -262,7 +318,8 @@ class Balancer:
             self._surplus_seen = 0
             peers = [member.holder_id for member in members if member.holder_id != self.holder_id]
             ordered = self._preference(free, peers)
-            take = tuple(ordered[: min(target - held, self.max_moves)])
+            step = min(target - held, self.max_moves, max(TAKE_STEP, held))
+            take = tuple(ordered[:step])
         elif held > target:
             self._surplus_seen += 1
             lacking = sum(

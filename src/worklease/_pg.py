@@ -371,6 +371,10 @@ def _qualify(text: str, quoted: str) -> str:
         (f"TABLE IF NOT EXISTS {TABLE} (", f"TABLE IF NOT EXISTS {quoted}.{TABLE} ("),
         (f"nextval('{SEQUENCE}')", f"nextval({_quote_literal(quoted + '.' + SEQUENCE)})"),
         (f"ON {TABLE} (updated_at)", f"ON {quoted}.{TABLE} (updated_at)"),
+        (
+            f"ON {TABLE} (work_id text_pattern_ops)",
+            f"ON {quoted}.{TABLE} (work_id text_pattern_ops)",
+        ),
         (f"FUNCTION {FENCE}(", f"FUNCTION {quoted}.{FENCE}("),
         # inside the function's body, a string literal
         (
@@ -578,7 +582,9 @@ ORDER BY i.n"""
         )
         # A pool's view of its group in one read: the free work IDs (input order), how many
         # each holder holds, and the live memberships with their checkpoints. Few rows once
-        # everything is held, however many work IDs the pool has.
+        # everything is held, however many work IDs the pool has. The LIKE matches the
+        # partial index of membership rows (schema.sql): with no work IDs (a pool's quick
+        # look at its members) the statement reads a few index entries.
         self.survey = build(
             """WITH input AS (
     SELECT w.work_id, w.n, l.holder_id, l.expires_at >= now() AS held
@@ -593,7 +599,9 @@ FROM input WHERE held GROUP BY holder_id
 UNION ALL
 SELECT 'member', NULL, holder_id, NULL, checkpoint, NULL
 FROM {table}
-WHERE starts_with(work_id, %(prefix)s) AND expires_at >= now()
+WHERE work_id LIKE '"""
+            + MEMBER_PREFIX
+            + """%%' AND starts_with(work_id, %(prefix)s) AND expires_at >= now()
 ORDER BY 1, 6"""
         )
         # The owned writes: one plain guarded UPDATE each, a row back meaning done (the cost

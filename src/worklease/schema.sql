@@ -23,6 +23,12 @@ CREATE TABLE IF NOT EXISTS worklease_leases (
 CREATE INDEX IF NOT EXISTS idx_worklease_leases_updated_at
     ON worklease_leases (updated_at);
 
+-- Pool memberships (work IDs under 'worklease.member/'): every pool scan reads its group's
+-- members; this partial index keeps that read a few rows however big the table grows (work
+-- rows never enter it, so their writes do not maintain it).
+CREATE INDEX IF NOT EXISTS idx_worklease_leases_members
+    ON worklease_leases (work_id text_pattern_ops) WHERE work_id LIKE 'worklease.member/%';
+
 -- worklease_fence(work_id, token): a guard for your own statements outside
 -- lease.transaction(). True while the token is the current, unlapsed grant of the work ID;
 -- it then locks the lease row until your transaction ends, so no successor is granted

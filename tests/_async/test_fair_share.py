@@ -395,3 +395,120 @@ async def test_a_stopping_pool_releases_everything_in_a_few_statements(
         assert prior.prev_exit is ExitMode.ABANDONED
         assert prior.state is not None
         assert prior.state.startswith(b"stopper:")
+
+
+class Recording(Partitionable):
+    """Records how many work IDs each survey asked about (0: a look at the members only)."""
+
+    def __init__(self, inner: AsyncBackend, surveys: list[int]) -> None:
+        super().__init__(inner)
+        self._surveys = surveys
+
+    def __getattr__(self, name: str) -> Any:
+        call = super().__getattr__(name)
+        if name != "survey":
+            return call
+
+        async def survey(work_ids: Any, prefix: str) -> Any:
+            self._surveys.append(len(work_ids))
+            return await call(work_ids, prefix)
+
+        return survey
+
+
+async def test_a_settled_group_looks_only_at_its_members(backend: AsyncBackend) -> None:
+    """Once two members hold 6 / 6, their scans read only the members (no survey of the
+    work IDs: the background cost no longer grows with them); a third member joining makes
+    them survey again, rebalance to 4 / 4 / 4, and settle again (issue 24)."""
+    trail = Trail()
+    group = Group(backend, trail, 3)
+    surveys: dict[str, list[int]] = {member.holder: [] for member in group.members}
+    for member in group.members:
+        member.backend = Recording(backend, surveys[member.holder])
+        member.lease = AsyncLease(member.backend, holder_id=member.holder, ttl=TTL)
+        member.pool = AsyncPool(
+            member.lease,
+            IDS,
+            trail.work(member.holder, member.lease),
+            observer=member.observer,
+            idle_interval=0.05,
+            rerun_interval=0.05,
+            backoff_interval=0.1,
+        )
+    first, second, newcomer = group.members
+
+    async def quiet_scans(members: list[Member]) -> None:
+        """Wait until each of ``members`` made 5 scans in a row that read only the members."""
+
+        def settled() -> bool:
+            return all(surveys[m.holder][-5:] == [0] * 5 for m in members)
+
+        await group.until("quiet scans", settled)
+
+    async def script(group: Group) -> None:
+        first.gate.set()
+        second.gate.set()
+        await group.until("6 / 6", balanced(group, [first, second], [6, 6]))
+        await quiet_scans([first, second])
+        mark = {m.holder: len(surveys[m.holder]) for m in (first, second)}
+        await asleep(0.5)  # about ten scans each: none of them a full survey
+        for member in (first, second):
+            assert set(surveys[member.holder][mark[member.holder] :]) == {0}
+        newcomer.gate.set()
+        await group.until("4 / 4 / 4", balanced(group, group.members, [4, 4, 4]))
+        for member in (first, second):  # the join made them survey the work IDs again
+            assert len(IDS) in surveys[member.holder][mark[member.holder] :]
+        await quiet_scans(group.members)
+
+    await group.run(script)
+    assert trail.overlaps == []
+
+
+async def test_a_stopping_pool_hands_back_everything_however_slow_the_releases(
+    backend: AsyncBackend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Releasing what a stopping pool holds takes longer than its cleanup_timeout (each
+    release costs 50 ms per work ID here): it goes on chunk by chunk, each committed, until
+    everything is released (bounded by the TTL, not by cleanup_timeout), instead of giving
+    up on the whole batch at the timeout (issue 24)."""
+    monkeypatch.setattr("worklease._batching.BATCH_CHUNK", 2)
+    slow = {"on": False}
+
+    class SlowReleases(Partitionable):
+        def __getattr__(self, name: str) -> Any:
+            call = super().__getattr__(name)
+            if name not in ("release", "release_many"):
+                return call
+
+            async def release(tokens: Any, mode: Any) -> Any:
+                if slow["on"]:
+                    count = len(tokens) if isinstance(tokens, list | tuple) else 1
+                    await asleep(0.05 * count)
+                return await call(tokens, mode)
+
+            return release
+
+    trail = Trail()
+    wrapped = SlowReleases(backend)
+    lease = AsyncLease(wrapped, holder_id="stopper", ttl=10.0)
+    pool = AsyncPool(
+        lease, IDS, trail.work("stopper", lease), idle_interval=0.05, cleanup_timeout=0.2
+    )
+    group = Group(backend, trail, 1)
+    member = group.members[0]
+    member.lease, member.pool = lease, pool
+
+    async def script(group: Group) -> None:
+        member.gate.set()
+        await group.until("all held", lambda: member.held() == len(IDS))
+        await asleep(0.1)
+        slow["on"] = True
+
+    await group.run(script)
+    reader = AsyncLease(backend, holder_id="reader", ttl=TTL)
+    for work_id in IDS:
+        token = await reader.acquire(work_id)  # held by nobody: released, not lapsing
+        prior = await reader.read_checkpoint(token)
+        assert prior.prev_exit is ExitMode.ABANDONED, work_id
+        assert prior.state is not None
+        assert prior.state.startswith(b"stopper:")

@@ -8,6 +8,7 @@ import pytest
 from worklease import PoolConfigError, PoolSurvey
 from worklease._fairshare import (
     MEMBER_PREFIX,
+    TAKE_STEP,
     Balancer,
     Member,
     check_group,
@@ -223,3 +224,70 @@ def test_own_retired_work_ids_count_as_free_for_the_others() -> None:
     for _ in range(2):
         plan = balancer.plan(view, mine=IDS[:9], done=("w09",))
     assert len(plan.shed) == 4  # held 9, target 5, lacking 5 - 1 free
+
+
+# -- quiet scans and growth in steps (issue 24) ------------------------------------------------
+
+
+def settled_member() -> tuple[Balancer, dict[str, bytes | None]]:
+    """``me`` at its target of 5 beside ``other``, after one full survey at t=100."""
+    balancer = Balancer(IDS, "me", full_every=60.0)
+    others: dict[str, bytes | None] = {"other": None}
+    plan = balancer.plan(survey((), {"other": 5, "me": 5}, others), mine=IDS[:5], now=100.0)
+    assert (plan.target, plan.held, plan.take, plan.shed) == (5, 5, (), ())
+    return balancer, others
+
+
+def test_a_member_at_its_target_may_look_at_the_members_only() -> None:
+    balancer, others = settled_member()
+    assert balancer.settled()
+    plan = balancer.quiet(dict(others), held=5, now=130.0)
+    assert plan is not None
+    assert (plan.members, plan.target, plan.held, plan.take, plan.shed) == (2, 5, 5, (), ())
+    assert balancer.settled()  # stays quiet while nothing changes
+
+
+@pytest.mark.parametrize(
+    ("members_seen", "held", "now", "why"),
+    [
+        ({"other": None, "third": None}, 5, 130.0, "a member joined"),
+        ({}, 5, 130.0, "a member left"),
+        ({"other": encode_member(2)}, 5, 130.0, "a member's cap changed"),
+        ({"other": None}, 4, 130.0, "one of ours ended (lost, retired, handed back)"),
+        ({"other": None}, 5, 160.0, "the periodic full survey is due"),
+    ],
+)
+def test_any_change_or_the_safety_net_asks_for_a_full_survey(
+    members_seen: dict[str, bytes | None], held: int, now: float, why: str
+) -> None:
+    balancer, _ = settled_member()
+    assert balancer.quiet(members_seen, held=held, now=now) is None, why
+    assert not balancer.settled()  # and the next scan is a full one again
+
+
+def test_only_a_plan_with_nothing_to_move_settles() -> None:
+    """Under target, over target, or planned without a clock: every scan is a full one."""
+    under = Balancer(IDS, "me")
+    under.plan(survey(IDS[5:], {"other": 5}, {"other": None}), mine=(), now=1.0)
+    assert not under.settled()
+    over = Balancer(IDS, "me")
+    over.plan(survey((), {"me": 10}, {"other": None}), mine=IDS, now=1.0)
+    assert not over.settled()
+    no_clock = Balancer(IDS, "me")
+    no_clock.plan(survey((), {"other": 5, "me": 5}, {"other": None}), mine=IDS[:5])
+    assert not no_clock.settled()
+    assert no_clock.quiet({"other": None}, 5, 0.0) is None
+
+
+def test_a_cold_member_grows_in_steps_that_at_most_double_what_it_holds() -> None:
+    ids = tuple(f"w{i:05d}" for i in range(10_000))
+    balancer = Balancer(ids, "me", max_moves=10_000)
+    first = balancer.plan(survey(ids, {}, {}), mine=())
+    assert len(first.take) == TAKE_STEP
+    held = set(first.take)
+    second = balancer.plan(survey(tuple(i for i in ids if i not in held), {}, {}), mine=held)
+    assert len(second.take) == TAKE_STEP  # max(TAKE_STEP, held) with held == TAKE_STEP
+    held |= set(second.take)
+    third = balancer.plan(survey(tuple(i for i in ids if i not in held), {}, {}), mine=held)
+    assert len(third.take) == 2 * TAKE_STEP
+    assert not set(third.take) & held

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 
 from .._acompat import abounded, asleep, awithin
+from .._batching import chunks
 from .._deadline import bounded_by
 from .._fairshare import PoolSurvey
 from .._models import Checkpoint, ExitMode, Token
@@ -32,7 +34,7 @@ from .._validation import (
 from .._window import Backoff, TokenSeal, fresh, monotonic, seal_token, unseal
 from ..errors import BackendError, BackendRequiredError, ConfigError, LeaseHeldError, LeaseLostError
 from ..observers import LeaseObserver
-from .backend import AsyncBackend, AsyncCapabilities, StateLike
+from .backend import AsyncBackend, AsyncCapabilities, AsyncRenewMany, StateLike
 from .group import AsyncGroupCommit
 from .hold import AsyncHold
 from .renewal import AsyncRenewal, AsyncRenewals
@@ -254,19 +256,34 @@ class AsyncLease:
         """
         capabilities = self._capabilities
         find = None if known_free else capabilities.find_available
-        free = list(await find.find_available(work_ids)) if find is not None else list(work_ids)
+        if find is None:
+            free = list(work_ids)
+        else:
+            free = [
+                work_id for part in chunks(work_ids) for work_id in await find.find_available(part)
+            ]
         if not free:
             return []
         many = capabilities.acquire_many
         if many is None:
             return await self._acquire_each(free)
-        with self._report.acquire_many(free) as call:
-            raw = await many.acquire_many(free, self._holder_id, self._ttl)
-            grants: list[tuple[Token, Checkpoint | None]] = [
-                (seal_token(token, self._backend, call.start, self._ttl), prior)
-                for token, prior in raw
-            ]
-            call.result = grants
+        # In chunks (see _batching): each commits on its own, and what was granted before a
+        # failure is kept (its slots start); the failure is raised only when nothing was.
+        grants: list[tuple[Token, Checkpoint | None]] = []
+        for part in chunks(free):
+            try:
+                with self._report.acquire_many(list(part)) as call:
+                    raw = await many.acquire_many(part, self._holder_id, self._ttl)
+                    granted: list[tuple[Token, Checkpoint | None]] = [
+                        (seal_token(token, self._backend, call.start, self._ttl), prior)
+                        for token, prior in raw
+                    ]
+                    call.result = granted
+            except Exception:
+                if not grants:
+                    raise
+                break
+            grants.extend(granted)
         return grants
 
     async def _acquire_each(self, work_ids: list[str]) -> list[tuple[Token, Checkpoint | None]]:
@@ -349,7 +366,10 @@ class AsyncLease:
     ) -> list[LeaseLostError | None]:
         many = self._capabilities.checkpoint_many
         assert many is not None
-        return await many.checkpoint_many(items, self._ttl)
+        outcomes: list[LeaseLostError | None] = []
+        for part in chunks(items):
+            outcomes.extend(await many.checkpoint_many(part, self._ttl))
+        return outcomes
 
     def transaction(self, token: Token) -> AsyncLeaseTransaction:
         """A transactional step: your own writes and the step's checkpoint commit together,
@@ -394,7 +414,10 @@ class AsyncLease:
     async def _renew_many(self, tokens: list[Token]) -> list[LeaseLostError | None]:
         many = self._capabilities.renew_many
         assert many is not None
-        return await many.renew_many(tokens, self._ttl)
+        outcomes: list[LeaseLostError | None] = []
+        for part in chunks(tokens):
+            outcomes.extend(await many.renew_many(part, self._ttl))
+        return outcomes
 
     async def release(self, token: Token, mode: ExitMode | str) -> None:
         """Record how this holder leaves and make the work ID acquirable at once.
@@ -427,14 +450,15 @@ class AsyncLease:
         assert many is not None
         outcomes: list[LeaseLostError | None] = [None] * len(items)
         for mode in dict.fromkeys(mode for _, mode in items):
-            indexes = [i for i, (_, item_mode) in enumerate(items) if item_mode is mode]
-            results = await many.release_many([items[i][0] for i in indexes], mode)
-            if len(results) != len(indexes):
-                raise BackendError(
-                    f"release_many returned {len(results)} outcomes for {len(indexes)} tokens"
-                )
-            for i, result in zip(indexes, results, strict=True):
-                outcomes[i] = result
+            every = [i for i, (_, item_mode) in enumerate(items) if item_mode is mode]
+            for indexes in chunks(every):
+                results = await many.release_many([items[i][0] for i in indexes], mode)
+                if len(results) != len(indexes):
+                    raise BackendError(
+                        f"release_many returned {len(results)} outcomes for {len(indexes)} tokens"
+                    )
+                for i, result in zip(indexes, results, strict=True):
+                    outcomes[i] = result
         return outcomes
 
     async def forget(self, token: Token) -> None:
@@ -514,9 +538,27 @@ class AsyncLease:
                     outcomes.append(None)
             return outcomes
         start = monotonic()
+        results: list[Exception | None] = []
+        for part in chunks(tokens):  # one deadline for the round, however many chunks
+            results.extend(await self._renew_chunk(renew_many, part, start + timeout))
+        duration = monotonic() - start
+        for token, attempt, outcome in zip(tokens, attempts, results, strict=True):
+            if unseal(token, self._backend).given_up:
+                continue  # released or forgotten meanwhile: its renewal means nothing now
+            self._report.renewed(token, attempt, duration, outcome)
+        return results
+
+    async def _renew_chunk(
+        self, renew_many: AsyncRenewMany, tokens: Sequence[Token], deadline: float
+    ) -> list[Exception | None]:
+        """One chunk of a renewal round: each token's outcome (a failure of the call is
+        every token's)."""
         try:
+            left = deadline - monotonic()
+            if left <= 0:
+                raise TimeoutError("the renewal round ran out of time before this chunk")
             results: list[Exception | None] = list(
-                await abounded(timeout, renew_many.renew_many, tokens, self._ttl)
+                await abounded(left, renew_many.renew_many, tokens, self._ttl)
             )
             if len(results) != len(tokens):
                 raise BackendError(
@@ -530,11 +572,6 @@ class AsyncLease:
             results = [error] * len(tokens)
         except Exception as exc:
             results = [exc] * len(tokens)
-        duration = monotonic() - start
-        for token, attempt, outcome in zip(tokens, attempts, results, strict=True):
-            if unseal(token, self._backend).given_up:
-                continue  # released or forgotten meanwhile: its renewal means nothing now
-            self._report.renewed(token, attempt, duration, outcome)
         return results
 
     async def _release_together(
@@ -561,8 +598,9 @@ class AsyncLease:
         if many is None or len(batch) == 1:
             alone = batch + alone
             batch = []
-        if batch and many is not None:
-            chosen = [tokens[index] for index in batch]
+        for part in chunks(batch):
+            assert many is not None  # a batch only when the backend releases many
+            chosen = [tokens[index] for index in part]
             start = monotonic()
             try:
                 results: list[Exception | None] = list(await many.release_many(chosen, declared))
@@ -573,7 +611,7 @@ class AsyncLease:
             except Exception as exc:
                 results = [exc] * len(chosen)
             duration = monotonic() - start
-            for index, outcome in zip(batch, results, strict=True):
+            for index, outcome in zip(part, results, strict=True):
                 outcomes[index] = outcome
                 self._report.released(tokens[index], declared, duration, outcome)
         for index in alone:

@@ -5,9 +5,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 
 from .._acompat import bounded, sleep, within
+from .._batching import chunks
 from .._deadline import bounded_by
 from .._fairshare import PoolSurvey
 from .._models import Checkpoint, ExitMode, Token
@@ -35,7 +37,7 @@ from .._validation import (
 from .._window import Backoff, TokenSeal, fresh, monotonic, seal_token, unseal
 from ..errors import BackendError, BackendRequiredError, ConfigError, LeaseHeldError, LeaseLostError
 from ..observers import LeaseObserver
-from .backend import Backend, Capabilities, StateLike
+from .backend import Backend, Capabilities, RenewMany, StateLike
 from .group import GroupCommit
 from .hold import Hold
 from .renewal import Renewal, Renewals
@@ -255,19 +257,32 @@ class Lease:
         """
         capabilities = self._capabilities
         find = None if known_free else capabilities.find_available
-        free = list(find.find_available(work_ids)) if find is not None else list(work_ids)
+        if find is None:
+            free = list(work_ids)
+        else:
+            free = [work_id for part in chunks(work_ids) for work_id in find.find_available(part)]
         if not free:
             return []
         many = capabilities.acquire_many
         if many is None:
             return self._acquire_each(free)
-        with self._report.acquire_many(free) as call:
-            raw = many.acquire_many(free, self._holder_id, self._ttl)
-            grants: list[tuple[Token, Checkpoint | None]] = [
-                (seal_token(token, self._backend, call.start, self._ttl), prior)
-                for token, prior in raw
-            ]
-            call.result = grants
+        # In chunks (see _batching): each commits on its own, and what was granted before a
+        # failure is kept (its slots start); the failure is raised only when nothing was.
+        grants: list[tuple[Token, Checkpoint | None]] = []
+        for part in chunks(free):
+            try:
+                with self._report.acquire_many(list(part)) as call:
+                    raw = many.acquire_many(part, self._holder_id, self._ttl)
+                    granted: list[tuple[Token, Checkpoint | None]] = [
+                        (seal_token(token, self._backend, call.start, self._ttl), prior)
+                        for token, prior in raw
+                    ]
+                    call.result = granted
+            except Exception:
+                if not grants:
+                    raise
+                break
+            grants.extend(granted)
         return grants
 
     def _acquire_each(self, work_ids: list[str]) -> list[tuple[Token, Checkpoint | None]]:
@@ -350,7 +365,10 @@ class Lease:
     ) -> list[LeaseLostError | None]:
         many = self._capabilities.checkpoint_many
         assert many is not None
-        return many.checkpoint_many(items, self._ttl)
+        outcomes: list[LeaseLostError | None] = []
+        for part in chunks(items):
+            outcomes.extend(many.checkpoint_many(part, self._ttl))
+        return outcomes
 
     def transaction(self, token: Token) -> LeaseTransaction:
         """A transactional step: your own writes and the step's checkpoint commit together,
@@ -393,7 +411,10 @@ class Lease:
     def _renew_many(self, tokens: list[Token]) -> list[LeaseLostError | None]:
         many = self._capabilities.renew_many
         assert many is not None
-        return many.renew_many(tokens, self._ttl)
+        outcomes: list[LeaseLostError | None] = []
+        for part in chunks(tokens):
+            outcomes.extend(many.renew_many(part, self._ttl))
+        return outcomes
 
     def release(self, token: Token, mode: ExitMode | str) -> None:
         """Record how this holder leaves and make the work ID acquirable at once.
@@ -424,14 +445,15 @@ class Lease:
         assert many is not None
         outcomes: list[LeaseLostError | None] = [None] * len(items)
         for mode in dict.fromkeys(mode for _, mode in items):
-            indexes = [i for i, (_, item_mode) in enumerate(items) if item_mode is mode]
-            results = many.release_many([items[i][0] for i in indexes], mode)
-            if len(results) != len(indexes):
-                raise BackendError(
-                    f"release_many returned {len(results)} outcomes for {len(indexes)} tokens"
-                )
-            for i, result in zip(indexes, results, strict=True):
-                outcomes[i] = result
+            every = [i for i, (_, item_mode) in enumerate(items) if item_mode is mode]
+            for indexes in chunks(every):
+                results = many.release_many([items[i][0] for i in indexes], mode)
+                if len(results) != len(indexes):
+                    raise BackendError(
+                        f"release_many returned {len(results)} outcomes for {len(indexes)} tokens"
+                    )
+                for i, result in zip(indexes, results, strict=True):
+                    outcomes[i] = result
         return outcomes
 
     def forget(self, token: Token) -> None:
@@ -511,9 +533,27 @@ class Lease:
                     outcomes.append(None)
             return outcomes
         start = monotonic()
+        results: list[Exception | None] = []
+        for part in chunks(tokens):  # one deadline for the round, however many chunks
+            results.extend(self._renew_chunk(renew_many, part, start + timeout))
+        duration = monotonic() - start
+        for token, attempt, outcome in zip(tokens, attempts, results, strict=True):
+            if unseal(token, self._backend).given_up:
+                continue  # released or forgotten meanwhile: its renewal means nothing now
+            self._report.renewed(token, attempt, duration, outcome)
+        return results
+
+    def _renew_chunk(
+        self, renew_many: RenewMany, tokens: Sequence[Token], deadline: float
+    ) -> list[Exception | None]:
+        """One chunk of a renewal round: each token's outcome (a failure of the call is
+        every token's)."""
         try:
+            left = deadline - monotonic()
+            if left <= 0:
+                raise TimeoutError("the renewal round ran out of time before this chunk")
             results: list[Exception | None] = list(
-                bounded(timeout, renew_many.renew_many, tokens, self._ttl)
+                bounded(left, renew_many.renew_many, tokens, self._ttl)
             )
             if len(results) != len(tokens):
                 raise BackendError(
@@ -527,11 +567,6 @@ class Lease:
             results = [error] * len(tokens)
         except Exception as exc:
             results = [exc] * len(tokens)
-        duration = monotonic() - start
-        for token, attempt, outcome in zip(tokens, attempts, results, strict=True):
-            if unseal(token, self._backend).given_up:
-                continue  # released or forgotten meanwhile: its renewal means nothing now
-            self._report.renewed(token, attempt, duration, outcome)
         return results
 
     def _release_together(
@@ -558,8 +593,9 @@ class Lease:
         if many is None or len(batch) == 1:
             alone = batch + alone
             batch = []
-        if batch and many is not None:
-            chosen = [tokens[index] for index in batch]
+        for part in chunks(batch):
+            assert many is not None  # a batch only when the backend releases many
+            chosen = [tokens[index] for index in part]
             start = monotonic()
             try:
                 results: list[Exception | None] = list(many.release_many(chosen, declared))
@@ -570,7 +606,7 @@ class Lease:
             except Exception as exc:
                 results = [exc] * len(chosen)
             duration = monotonic() - start
-            for index, outcome in zip(batch, results, strict=True):
+            for index, outcome in zip(part, results, strict=True):
                 outcomes[index] = outcome
                 self._report.released(tokens[index], declared, duration, outcome)
         for index in alone:

@@ -100,8 +100,14 @@ class Pool:
     to stop (asyncio: cancelled; threads: ``raise_if_lost()`` raises ``LeaseShedError``), the
     state it returns, or its last checkpoint, stays, and the lease is released ABANDONED, so
     the next member resumes from it at once (``on_slot_shed``). Each scan is reported to
-    ``on_balance``. ``fair_share=False``, or a backend without ``survey``, takes whatever is
-    free instead.
+    ``on_balance``. A member at its target with nothing to move then looks only at the
+    members on its scans (a read of a few rows), and surveys the work IDs again when the
+    members change, when one of its own slots ends, and at least every five minutes: a
+    settled group's background work does not grow with the number of work IDs. A member
+    takes at most 1,000 work IDs per scan, or as many as it already holds if that is more
+    (a cold start or a big takeover grows in steps it can renew), scanning again soon while
+    under its target. ``fair_share=False``, or a backend without ``survey``, takes whatever
+    is free instead.
 
     The pool scans: once per ``idle_interval`` (plus up to 20 %) it asks the backend which of
     its work IDs that it does not hold are free, in one statement, and acquires those in one
@@ -129,8 +135,11 @@ class Pool:
     to stop (asyncio: cancelled; threads: ``raise_if_lost()`` raises ``LeaseShedError`` and
     ``stopping`` turns true; a thread cannot be interrupted, so one that does not look
     finishes first); each slot then releases ABANDONED, keeping the state its work function
-    returned or its last checkpoint, within ``cleanup_timeout``, before ``run`` returns; the
-    releases go out together (``release_many``). On ``KeyboardInterrupt`` the sync ``run()``
+    returned or its last checkpoint, before ``run`` returns; the releases go out together
+    (``release_many``, in chunks of 1,000 each committed on its own) and go on until all are
+    released or one TTL (at least ``cleanup_timeout``) after ``stop()``, when the leases it
+    held have lapsed anyway: a slow server slows the hand-over down but never turns it into
+    "nothing released". On ``KeyboardInterrupt`` the sync ``run()``
     stops the pool, waits up to ``cleanup_timeout`` + 1 s for the slots, and re-raises; a
     work function still running then is left in its daemon thread and its lease lapses
     (EXPIRED). ``active_slots()`` lists the
@@ -208,6 +217,8 @@ class Pool:
         self._unstarted: dict[str, Token] = {}
         """Grants whose slot has not started (it may never: stopped first)."""
         self._watch: ReleaseWatch | None = None
+        self._stopped_at: float | None = None
+        """When stop() was first called (monotonic seconds): hand-backs end a TTL later."""
 
     @property
     def work_ids(self) -> tuple[str, ...]:
@@ -230,6 +241,9 @@ class Pool:
 
     def stop(self) -> None:
         """End the pool gracefully (see the class documentation). Idempotent."""
+        with self._lock:
+            if self._stopped_at is None:
+                self._stopped_at = monotonic()
         self._stop.set()
         self._leaving.set()  # leave the group first: the others recount without us at once
         watch = self._watch
@@ -370,15 +384,24 @@ class Pool:
         the surplus. True when it took something, is still under its target (it lost some
         races, or may take at most ``max_moves`` a scan) and has peers: the next scan should
         come soon (taking free work moves nothing, so it is not paced like shedding)."""
-        work_ids = list(self._work_ids)
+        prefix = member_prefix(self._group)
         with self._lock:
-            candidates = len(work_ids) - len(self._claimed | self._done)
+            candidates = len(self._work_ids) - len(self._claimed | self._done)
         with scan_report(self._observer, candidates) as call:
-            survey = self._lease._survey(work_ids, member_prefix(self._group))
-            assert survey is not None  # balancing only with a backend that surveys
-            with self._lock:
-                mine, shedding, done = set(self._claimed), set(self._shedding), set(self._done)
-            plan = balancer.plan(survey, mine, shedding, done)
+            plan: Plan | None = None
+            if balancer.settled():  # a look at the members first (see _fairshare: quiet)
+                look = self._lease._survey([], prefix)
+                assert look is not None  # balancing only with a backend that surveys
+                with self._lock:
+                    held = len(self._claimed - self._shedding)
+                plan = balancer.quiet(look.members, held, monotonic())
+            if plan is None:
+                survey = self._lease._survey(list(self._work_ids), prefix)
+                assert survey is not None
+                with self._lock:
+                    mine, shedding = set(self._claimed), set(self._shedding)
+                    done = set(self._done)
+                plan = balancer.plan(survey, mine, shedding, done, now=monotonic())
             grants: list[tuple[Token, Checkpoint | None]] = []
             if plan.take:
                 grants = self._lease._acquire_available(list(plan.take), known_free=True)
@@ -616,13 +639,26 @@ class Pool:
             self._deferring = False
         self._hand_back(pending + [(token, ExitMode.ABANDONED) for token in tokens])
 
+    def _hand_back_deadline(self) -> float:
+        """Until when releasing what the pool holds is worth it: one TTL (at least
+        ``cleanup_timeout``) after the pool was stopped. The slots stop renewing as they end,
+        so by then every lease it held has lapsed anyway."""
+        with self._lock:
+            since = self._stopped_at
+        if since is None:  # the run ended by itself (everything retired or died)
+            since = monotonic()
+        return since + max(self._lease.ttl, self._options.cleanup_timeout)
+
     def _hand_back(self, pending: list[tuple[Token, ExitMode]]) -> None:
-        """Release ``pending`` together within ``cleanup_timeout`` (a lease taken over or
-        lapsed meanwhile has nothing to hand back); what fails lapses after its TTL."""
+        """Release ``pending`` together, in chunks each committed on its own (a lease taken
+        over or lapsed meanwhile has nothing to hand back), until done or until the leases
+        would have lapsed anyway (``_hand_back_deadline``): a slow server slows the hand-back
+        down but keeps what each chunk released. What is left lapses after its TTL."""
         if not pending:
             return
         try:
-            cleanup(self._options.cleanup_timeout, self._release_all, pending)
+            left = self._hand_back_deadline() - monotonic()
+            cleanup(left, self._release_all, pending)
         except Exception as exc:
             logger.warning(
                 "worklease pool could not hand back %d work ID(s) as it stopped (they lapse "
