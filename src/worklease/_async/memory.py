@@ -32,6 +32,12 @@ class AsyncMemoryBackend:
     starts at 1 and advances only on a successful acquire. Work IDs are validated exactly as
     the PostgreSQL backend validates them. State is copied in and out. A release or forget
     wakes the waiting acquires, leaders and pools of this backend at once.
+
+    The batch methods and ``sweep`` and ``rows`` hold the store's lock for a few hundred items
+    at a time (a few milliseconds at most at 100,000 leases), so other threads' operations
+    get in between; each item's outcome is still the one its single operation would have had
+    then, but a batch is no longer one instant (see each method). They never await: a batch
+    is not a cancellation point and runs to its end once called.
     """
 
     __module__ = "worklease"
@@ -56,33 +62,39 @@ class AsyncMemoryBackend:
     async def acquire_many(
         self, work_ids: Sequence[str], holder_id: str, ttl: float
     ) -> list[tuple[Token, Checkpoint]]:
-        """Acquire every free work ID of ``work_ids`` in one step (optional method)."""
+        """Acquire every free work ID of ``work_ids`` in one call (optional method; in
+        chunks, each work ID granted as ``acquire`` would grant it at that moment)."""
         return self._store.acquire_many(work_ids, holder_id, backend_ttl(ttl))
 
     async def find_available(self, work_ids: Sequence[str]) -> list[str]:
-        """The work IDs ``acquire`` would grant now, in input order (optional method)."""
+        """The work IDs ``acquire`` would grant now, in input order (optional method; in
+        chunks, each judged at one instant)."""
         return self._store.find_available(work_ids)
 
     async def renew_many(self, tokens: Sequence[Token], ttl: float) -> list[LeaseLostError | None]:
-        """Renew every token in one step (optional method)."""
+        """Renew every token in one call (optional method; in chunks, each token's outcome
+        that of ``renew`` at that moment)."""
         return self._store.renew_many(tokens, backend_ttl(ttl))
 
     async def checkpoint_many(
         self, items: Sequence[tuple[Token, StateLike | None]], ttl: float
     ) -> list[LeaseLostError | None]:
-        """Checkpoint every ``(token, state)`` in one step (optional method)."""
+        """Checkpoint every ``(token, state)`` in one call (optional method; in chunks,
+        each item's outcome that of ``checkpoint`` at that moment)."""
         normalized = [(token, normalize_state(state)) for token, state in items]
         return self._store.checkpoint_many(normalized, backend_ttl(ttl))
 
     async def release_many(
         self, tokens: Sequence[Token], mode: ExitMode
     ) -> list[LeaseLostError | None]:
-        """Release every token with ``mode`` in one step (optional method)."""
+        """Release every token with ``mode`` in one call (optional method; in chunks, each
+        token's outcome that of ``release`` at that moment)."""
         return self._store.release_many(tokens, mode)
 
     async def survey(self, work_ids: Sequence[str], prefix: str) -> PoolSurvey:
-        """Who holds which of ``work_ids``, and the live members under ``prefix``, in one
-        step (optional method)."""
+        """Who holds which of ``work_ids``, and the live members under ``prefix`` (optional
+        method): the work IDs are read in chunks, each at one instant (a pool re-surveys at
+        its next scan); a pool's members are read in one hold, with the last chunk."""
         return self._store.survey(work_ids, prefix)
 
     def watch_releases(self, work_ids: Iterable[str]) -> AsyncReleaseWatch | None:
@@ -121,7 +133,8 @@ class AsyncMemoryBackend:
         )
 
     def rows(self) -> list[RowSnapshot]:
-        """A snapshot of every stored row, sorted by work ID."""
+        """A copy of every stored row, sorted by work ID (read in chunks: each row whole,
+        but with writers about, not all rows of one instant)."""
         return self._store.rows()
 
     async def close(self) -> None:
