@@ -582,11 +582,8 @@ ORDER BY i.n"""
         )
         # A pool's view of its group in one read: the free work IDs (input order), how many
         # each holder holds, and the live memberships with their checkpoints. Few rows once
-        # everything is held, however many work IDs the pool has. The LIKE matches the
-        # partial index of membership rows (schema.sql): with no work IDs (a pool's quick
-        # look at its members) the statement reads a few index entries.
-        self.survey = build(
-            """WITH input AS (
+        # everything is held, however many work IDs the pool has.
+        survey = """WITH input AS (
     SELECT w.work_id, w.n, l.holder_id, l.expires_at >= now() AS held
     FROM unnest(%(work_ids)s::text[]) WITH ORDINALITY AS w(work_id, n)
     LEFT JOIN {table} AS l ON l.work_id = w.work_id
@@ -599,10 +596,14 @@ FROM input WHERE held GROUP BY holder_id
 UNION ALL
 SELECT 'member', NULL, holder_id, NULL, checkpoint, NULL
 FROM {table}
-WHERE work_id LIKE '"""
-            + MEMBER_PREFIX
-            + """%%' AND starts_with(work_id, %(prefix)s) AND expires_at >= now()
+WHERE MEMBERS starts_with(work_id, %(prefix)s) AND expires_at >= now()
 ORDER BY 1, 6"""
+        self._survey_any = build(survey.replace("MEMBERS ", ""))
+        # A pool's group (its prefix under MEMBER_PREFIX): the LIKE matches the partial
+        # index of the membership rows (schema.sql), so with no work IDs (a pool's look at
+        # its members only) the statement reads a few index entries.
+        self._survey_members = build(
+            survey.replace("MEMBERS ", "work_id LIKE '" + MEMBER_PREFIX + "%%' AND ")
         )
         # The owned writes: one plain guarded UPDATE each, a row back meaning done (the cost
         # of the statement a user would write by hand). No row: ``owned_row`` then tells
@@ -715,6 +716,11 @@ ORDER BY work_id"""
         }
 
     # -- results ------------------------------------------------------------------------------
+
+    def survey_statement(self, prefix: str) -> bytes:
+        """The survey statement for members under ``prefix``: the index-friendly one for a
+        pool group's prefix, the general one for any other."""
+        return self._survey_members if prefix.startswith(MEMBER_PREFIX) else self._survey_any
 
     def acquire_statement(self, *, reading: bool) -> bytes:
         """The acquire statement, returning the checkpoint too with ``reading``."""

@@ -118,6 +118,7 @@ def test_named_schema_quotes_every_identifier() -> None:
     assert 'CREATE TABLE IF NOT EXISTS "my schema".worklease_leases (' in text
     assert "DEFAULT nextval('\"my schema\".worklease_fencing_seq')" in text
     assert 'ON "my schema".worklease_leases (updated_at)' in text
+    assert 'ON "my schema".worklease_leases (work_id text_pattern_ops)' in text
     assert text.index("CREATE SCHEMA") < text.index("CREATE SEQUENCE")
     assert 'FUNCTION "my schema".worklease_fence(' in text
     assert 'FROM "my schema".worklease_leases WHERE work_id = p_work_id' in text
@@ -125,7 +126,7 @@ def test_named_schema_quotes_every_identifier() -> None:
     code = "\n".join(line for line in text.splitlines() if not line.startswith("--"))
     unqualified = r"(?<![\w.])(?:worklease_leases|worklease_fencing_seq|worklease_fence)(?!\w)"
     assert re.findall(unqualified, code) == []
-    assert code.count('"my schema".worklease_') == 6
+    assert code.count('"my schema".worklease_') == 7
 
 
 def test_schema_names_with_quotes_are_escaped() -> None:

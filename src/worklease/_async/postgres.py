@@ -700,7 +700,7 @@ class AsyncPostgresBackend:
         statements = await self._renewal_target()
         rows, _ = await self._run(
             "survey",
-            statements.survey,
+            statements.survey_statement(prefix),
             {"work_ids": ids, "prefix": prefix},
             pool=await self._ensure_renewal_pool(),
         )

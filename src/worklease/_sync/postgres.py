@@ -697,7 +697,7 @@ class PostgresBackend:
         statements = self._renewal_target()
         rows, _ = self._run(
             "survey",
-            statements.survey,
+            statements.survey_statement(prefix),
             {"work_ids": ids, "prefix": prefix},
             pool=self._ensure_renewal_pool(),
         )
