@@ -391,8 +391,15 @@ def _sweep(args: argparse.Namespace) -> None:
             count = int(rows[0][0]) if rows else 0
             print(f"would delete {count} {kinds} row(s) not updated for {args.retention}")
         else:
-            _, count = _query(conn, "sweep", statements.sweep, params)
-            print(f"deleted {max(count, 0)} {kinds} row(s) not updated for {args.retention}")
+            # In batches, as the backend sweeps (each its own autocommit statement).
+            count = 0
+            after: str | None = statements.SWEEP_START
+            while after is not None:
+                window = statements.sweep_window(after)
+                rows, _ = _query(conn, "sweep", statements.sweep, {**params, **window})
+                deleted, after = statements.swept(rows)
+                count += deleted
+            print(f"deleted {count} {kinds} row(s) not updated for {args.retention}")
 
 
 def _check(args: argparse.Namespace) -> None:

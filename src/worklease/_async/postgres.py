@@ -716,8 +716,17 @@ class AsyncPostgresBackend:
             "retention": timedelta(seconds=non_negative_seconds(retention, "retention")),
             "include_expired": check_flag(include_expired, "include_expired"),
         }
-        _, count = await self._run("sweep", self._statements.sweep, params)
-        return max(count, 0)
+        # In batches, each its own autocommit statement: a batch's locks last one batch,
+        # and the rows an acquire is locking are skipped (see Statements.sweep).
+        statements = self._statements
+        deleted = 0
+        after: str | None = statements.SWEEP_START
+        while after is not None:
+            window = statements.sweep_window(after)
+            rows, _ = await self._run("sweep", statements.sweep, {**params, **window})
+            count, after = statements.swept(rows)
+            deleted += count
+        return deleted
 
 
 class AsyncPostgresTransaction:

@@ -39,6 +39,10 @@ class AsyncVacuum:
         Returns the number of rows deleted. ``RetentionRequiredError`` when ``retention`` is
         not a positive duration (of at most 100 years); ``TypeError`` when
         ``include_expired`` is not a ``bool``.
+
+        On PostgreSQL it deletes in short batches, each its own transaction, and skips rows
+        another transaction has locked (they are left for the next sweep). If it fails
+        partway, the batches already done stay deleted.
         """
         try:
             seconds = positive_seconds(retention, "retention")
