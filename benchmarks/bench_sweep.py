@@ -25,7 +25,8 @@ alternating, on a freshly filled and vacuumed table. Reported per combination, a
 the runs: the longest and the 99th percentile acquire latency, the total sweep time, the number
 of statements and the longest single statement (the bound on how long a batch holds its
 locks). Results go to ``--output`` (default ``benchmarks/results/``: ``sweep.md``,
-``sweep.json``). The script only reports; it never fails on a number.
+``sweep.json``; every acquire's latency too with ``--samples``). The script only reports; it
+never fails on a number.
 """
 
 from __future__ import annotations
@@ -232,6 +233,20 @@ def one_run(
     )
 
 
+def run_record(run: Run, *, samples: bool) -> dict[str, Any]:
+    """One run for the JSON file: its figures, and every acquire's latency with ``samples``."""
+    record = asdict(run)
+    del record["acquires_ms"]
+    record.update(
+        acquires=len(run.acquires_ms),
+        acquire_max_ms=run.acquire_max(),
+        acquire_p99_ms=run.acquire_p99(),
+    )
+    if samples:
+        record["acquires_ms"] = run.acquires_ms
+    return record
+
+
 def summary(runs: list[Run]) -> list[dict[str, Any]]:
     rows = []
     for method in ("none", "single", "batched"):
@@ -280,6 +295,7 @@ def main(argv: list[str] | None = None) -> int:
         "--baseline", type=float, default=0.3, help="seconds of acquires without a sweep"
     )
     parser.add_argument("--seed", type=int, default=24)
+    parser.add_argument("--samples", action="store_true", help="every acquire in the JSON")
     parser.add_argument("--output", type=Path, default=RESULTS)
     args = parser.parse_args(argv)
     if args.batch is not None:
@@ -339,7 +355,11 @@ def main(argv: list[str] | None = None) -> int:
         "unsweepable": args.unsweepable,
         "state_bytes": args.state_bytes,
     }
-    document = {"environment": environment, "summary": rows, "runs": [asdict(r) for r in runs]}
+    document = {
+        "environment": environment,
+        "summary": rows,
+        "runs": [run_record(r, samples=args.samples) for r in runs],
+    }
     (args.output / f"sweep{suffix}.json").write_text(
         json.dumps(document, indent=2) + "\n", encoding="utf-8"
     )
