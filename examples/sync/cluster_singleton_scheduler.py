@@ -15,7 +15,9 @@ every node in turn, in one process):
    write is rejected with FencedError; its election returns FencedError without releasing.
 
 By default it runs on the in-memory backend with a fake clock (no setup, no waiting); with
---dsn it runs against PostgreSQL, with a 1-second TTL and real waits.
+--dsn it runs against PostgreSQL with real waits: the crashed and the stalled node-1 take
+leases of 3 seconds, which their successor waits out, the nodes that keep running leases of
+30 seconds, which no slow machine lets lapse in the middle of a term.
 """
 
 from __future__ import annotations
@@ -34,20 +36,22 @@ class World:
 
     backend: worklease.Backend
     clock: FakeClock | None  # the in-memory backend's clock; None on PostgreSQL
-    ttl: float
+    ttl: float  # the TTL of a node that keeps running
+    lapsing_ttl: float  # the TTL of a node that crashes or stalls: its lease is let lapse
     suffix: str  # keeps work IDs unique per run on a shared database
 
-    def lease(self, holder_id: str) -> worklease.Lease:
-        return worklease.Lease(self.backend, holder_id=holder_id, ttl=self.ttl)
+    def lease(self, holder_id: str, *, lapses: bool = False) -> worklease.Lease:
+        ttl = self.lapsing_ttl if lapses else self.ttl
+        return worklease.Lease(self.backend, holder_id=holder_id, ttl=ttl)
 
     def lapse(self) -> None:
-        """Let the leases taken so far lapse.
+        """Let the leases of the nodes that crashed or stalled lapse.
 
-        In memory the fake clock jumps past the TTL. On PostgreSQL time passes for real:
+        In memory the fake clock jumps past their TTL. On PostgreSQL time passes for real:
         the standby's waiting acquire waits the TTL out.
         """
         if self.clock is not None:
-            self.clock.advance(self.ttl + 1)
+            self.clock.advance(self.lapsing_ttl + 1)
 
 
 def on_elected(token: worklease.Token) -> None:
@@ -114,7 +118,7 @@ def fail_fast(world: World, work_id: str) -> None:
 
 def failover(world: World, work_id: str) -> None:
     print("\n== 2. standby failover after the leader crashes")
-    lease1, lease2 = world.lease("node-1"), world.lease("node-2")
+    lease1, lease2 = world.lease("node-1", lapses=True), world.lease("node-2")
     token = lease1.acquire(work_id)
     print(f"node-1: elected leader (token {token.fencing_token})")
     print("node-1: crashes: nothing renews or releases its lease until the TTL runs out")
@@ -131,7 +135,7 @@ def failover(world: World, work_id: str) -> None:
 
 def stalled_leader(world: World, work_id: str) -> None:
     print("\n== 3. a stalled leader is fenced")
-    lease1, lease2 = world.lease("node-1"), world.lease("node-2")
+    lease1, lease2 = world.lease("node-1", lapses=True), world.lease("node-2")
     successor: list[worklease.Token] = []
 
     def standby_term(token: worklease.Token) -> None:
@@ -169,11 +173,12 @@ def main() -> None:
     args = parser.parse_args()
     if args.dsn is None:
         clock = FakeClock()
-        run(World(worklease.MemoryBackend(clock=clock), clock, ttl=30, suffix=""))
+        memory = worklease.MemoryBackend(clock=clock)
+        run(World(memory, clock, ttl=30, lapsing_ttl=30, suffix=""))
         return
     with worklease.PostgresBackend.connect(args.dsn) as backend:
         worklease.PostgresBackend.apply_schema(backend.pool)
-        run(World(backend, None, ttl=1, suffix="-" + secrets.token_hex(4)))
+        run(World(backend, None, ttl=30, lapsing_ttl=3, suffix="-" + secrets.token_hex(4)))
 
 
 if __name__ == "__main__":

@@ -232,22 +232,28 @@ async def settle_listener(backend: object) -> None:
 
 
 async def handed_over(
-    holder_backend: object, waiter_backend: object, how: str, *, poll: float = 30.0
+    holder_backend: object,
+    waiter_backend: object,
+    how: str,
+    *,
+    poll: float = 30.0,
+    timeout: float | None = None,
 ) -> tuple[Token, float]:
-    """A waiter (poll interval ``poll``) acquires while the holder lets go after 0.3 s by
-    ``how`` ("release" or "forget"); the waiter's token and how long after the letting go it
-    got the lease."""
+    """A waiter (poll interval ``poll``, also the TTL of both leases) acquires while the
+    holder lets go after 0.3 s by ``how`` ("release" or "forget"); the waiter's token and how
+    long after the letting go it got the lease. The waiting acquire is bounded by ``timeout``
+    seconds (default: two poll intervals); its last attempt, at that deadline, finds the row
+    free."""
     holder = AsyncLease(holder_backend, holder_id="holder", ttl=poll)  # type: ignore[arg-type]
     waiter = AsyncLease(waiter_backend, holder_id="waiter", ttl=poll)  # type: ignore[arg-type]
     token = await holder.acquire("handoff")
     released: list[float] = []
     got: list[tuple[Token, float]] = []
+    limit = poll * 2 if timeout is None else timeout
 
     async def step(index: int) -> None:
         if index == 0:
-            acquired = await waiter.acquire(
-                "handoff", wait=True, timeout=poll * 2, poll_interval=poll
-            )
+            acquired = await waiter.acquire("handoff", wait=True, timeout=limit, poll_interval=poll)
             got.append((acquired, monotonic()))
         else:
             await asleep(0.3)

@@ -551,10 +551,12 @@ def test_raising_callbacks_are_logged(
     assert (successor_reads(rival)).prev_exit is ExitMode.FINISHED
 
 
-def test_raising_on_lost_is_logged(
-    lease: Lease, backend: Backend, caplog: pytest.LogCaptureFixture
-) -> None:
+def test_raising_on_lost_is_logged(backend: Backend, caplog: pytest.LogCaptureFixture) -> None:
     """An on_lost that raises is logged; the loss is still reported as FencedError."""
+    # The loss must be the fencing: a TTL (the lease window) no stall of a loaded machine
+    # outlasts, so the window cannot close before a renewal reports the row gone; the body
+    # waits on past it, so it cannot end first either.
+    lease = Lease(backend, holder_id=HOLDER, ttl=LONG)
     lost: list[Token] = []
 
     def broken(token: Token) -> None:
@@ -565,7 +567,7 @@ def test_raising_on_lost_is_logged(
         backend.forget(token)
         renewal = current_renewal()
         assert renewal is not None
-        spin(renewal, seconds=10.0)
+        spin(renewal, seconds=2 * LONG)  # async: cancelled; sync: raise_if_lost raises
 
     leader = Leader(lease, JOB, on_lost=broken, renewal_interval=0.05, backoff_interval=LONG)
     with caplog.at_level(logging.ERROR, logger="worklease"), pytest.raises(FencedError):
