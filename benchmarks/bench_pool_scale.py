@@ -47,12 +47,12 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
+import bench_scale
 import psycopg
 from bench_fairshare import TOLERANCE, even
 from bench_scale import (
     REPO,
     RESULTS,
-    WORKER,
     Config,
     Monitor,
     Sample,
@@ -166,39 +166,10 @@ def cell_database(server_dsn: str, src: Path) -> Iterator[tuple[str, str]]:
 def spawn(cfg: Config, holder: str, dsn: str, src: Path, logs: Path) -> Worker:
     """``bench_scale.spawn``, with the worker bound to die with this script (``setpriv
     --pdeathsig KILL`` where util-linux has it): no stray processes even after a SIGKILL."""
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(src), env.get("PYTHONPATH")) if p)
     setpriv = shutil.which("setpriv")
-    prefix = [setpriv, "--pdeathsig", "KILL", "--"] if setpriv else []
-    stderr_path = logs / f"{holder}.stderr"
-    with stderr_path.open("w", encoding="utf-8") as stderr:
-        proc = subprocess.Popen(
-            [
-                *prefix,
-                sys.executable,
-                str(WORKER),
-                "--dsn",
-                dsn,
-                "--holder",
-                holder,
-                "--work-ids",
-                str(cfg.work_ids),
-                "--ttl",
-                str(cfg.ttl),
-                "--idle-interval",
-                str(cfg.idle_interval),
-                "--expect-root",
-                str(src / "worklease"),
-            ],
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=stderr,
-            text=True,
-            env=env,
-        )
-    _SPAWNED.append(proc)
-    worker = Worker(holder, proc, stderr_path)
-    worker.start_reader()
+    launcher = [setpriv, "--pdeathsig", "KILL", "--"] if setpriv else []
+    worker = bench_scale.spawn(cfg, holder, dsn, src, logs, launcher=launcher)
+    _SPAWNED.append(worker.proc)
     return worker
 
 

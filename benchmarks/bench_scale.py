@@ -250,14 +250,22 @@ class Worker:
 
 
 def spawn(
-    cfg: Config, holder: str, dsn: str, src: Path, logs: Path, extra: Sequence[str] = ()
+    cfg: Config,
+    holder: str,
+    dsn: str,
+    src: Path,
+    logs: Path,
+    extra: Sequence[str] = (),
+    launcher: Sequence[str] = (),
 ) -> Worker:
+    """Start one worker process; ``launcher`` goes before the interpreter (e.g. setpriv)."""
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(src), env.get("PYTHONPATH")) if p)
     stderr_path = logs / f"{holder}.stderr"
     with stderr_path.open("w", encoding="utf-8") as stderr:
         proc = subprocess.Popen(
             [
+                *launcher,
                 sys.executable,
                 str(WORKER),
                 "--dsn",
