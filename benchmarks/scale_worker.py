@@ -163,6 +163,8 @@ async def run(args: argparse.Namespace, origin: str) -> int:
 
         def on_slot_backoff(self, event: SlotBackoffEvent) -> None:
             counts["slot_backoffs"] += 1
+            if counts["slot_backoffs"] <= 3:  # what went wrong, without flooding the log
+                logging.warning("slot %s backs off: %r", event.work_id, event.error)
 
         def on_slot_lost(self, event: SlotLostEvent) -> None:
             counts["slot_lost"] += 1
@@ -170,6 +172,7 @@ async def run(args: argparse.Namespace, origin: str) -> int:
         def on_slot_shed(self, event: Any) -> None:  # called by pools that share fairly
             counts["slot_shed"] += 1
 
+    lag = {"max_s": 0.0}
     stopped = asyncio.Event()
     stop_requested: list[float] = []
 
@@ -229,11 +232,21 @@ async def run(args: argparse.Namespace, origin: str) -> int:
                     held=len(pool.active_slots()),
                     cpu_s=time.process_time(),
                     rss_kib=rss_kib(),
+                    loop_lag_max_s=round(lag["max_s"], 3),
                     **counts,
                 )
+                lag["max_s"] = 0.0
                 await asyncio.sleep(args.report_interval)
 
+        async def watch_lag() -> None:
+            """The event loop's longest stall per report: how late a 50 ms sleep woke."""
+            while True:
+                before = time.monotonic()
+                await asyncio.sleep(0.05)
+                lag["max_s"] = max(lag["max_s"], time.monotonic() - before - 0.05)
+
         reporter = asyncio.create_task(report())
+        lag_watch = asyncio.create_task(watch_lag())
         emit(
             event="started",
             holder=args.holder,
@@ -245,6 +258,7 @@ async def run(args: argparse.Namespace, origin: str) -> int:
             await pool.run()
         finally:
             reporter.cancel()
+            lag_watch.cancel()
     now = time.monotonic()
     emit(
         event="stopped",

@@ -44,8 +44,10 @@ from __future__ import annotations
 
 import hashlib
 import json
+from array import array
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from itertools import islice
 
 from ._validation import MAX_WORK_ID_BYTES, check_work_id
 from .errors import PoolConfigError
@@ -65,6 +67,7 @@ __all__ = [
     "encode_member",
     "member_prefix",
     "member_work_id",
+    "rescan_delay",
     "targets",
 ]
 
@@ -77,6 +80,10 @@ TAKE_STEP = 1_000
 FULL_SURVEY_EVERY = 300.0
 """Seconds between full surveys of a settled member (see the module doc): the only part of
 a settled pool's background work that grows with the number of work IDs, spread thin."""
+
+RESCAN_COST_FACTOR = 3.0
+"""A member under its target scans again soon, but never sooner than this many times its
+last scan took (see ``rescan_delay``)."""
 
 _MAX_GROUP_BYTES = 256
 _HOLDER_DIGEST = 24
@@ -159,6 +166,15 @@ def decode_member(holder_id: str, state: bytes | None) -> Member:
     return Member(holder_id, cap)
 
 
+def rescan_delay(idle_interval: float, last_scan: float) -> float:
+    """How long a member still under its target waits before its next scan: a tenth of the
+    idle interval, or ``RESCAN_COST_FACTOR`` times what its last scan took if that is more.
+    Scans of a big set while under target read every work ID; on a loaded machine scanning
+    back to back would take the time its renewals need and lose what it holds, so the pace
+    follows the measured cost (at most a third of the time goes to scanning)."""
+    return max(idle_interval / 10, RESCAN_COST_FACTOR * max(last_scan, 0.0))
+
+
 def default_max_moves(total: int) -> int:
     """How many work IDs one member takes or sheds per scan by default: a quarter of the
     set (at least 10), so a big move is spread over a few scans."""
@@ -189,13 +205,22 @@ def targets(total: int, members: Sequence[Member]) -> dict[str, int]:
     return result
 
 
-def _ranks(holder_id: str, work_ids: Iterable[str]) -> dict[str, bytes]:
-    """The rendezvous rank of each work ID for ``holder_id`` (higher: preferred)."""
-    key = hashlib.sha256(holder_id.encode("utf-8")).digest()
-    return {
-        work_id: hashlib.blake2b(work_id.encode("utf-8"), key=key, digest_size=8).digest()
-        for work_id in work_ids
-    }
+def _rank_key(holder_id: str) -> bytes:
+    return hashlib.sha256(holder_id.encode("utf-8")).digest()
+
+
+def _rank(key: bytes, work_id: str) -> int:
+    """The rendezvous rank of ``work_id`` for the member whose ``_rank_key`` is ``key``
+    (higher: preferred)."""
+    digest = hashlib.blake2b(work_id.encode("utf-8"), key=key, digest_size=8).digest()
+    return int.from_bytes(digest, "big")
+
+
+def _ranks(holder_id: str, work_ids: Iterable[str]) -> array[int]:
+    """The rendezvous rank of each work ID for ``holder_id``, in ``work_ids`` order: 8 bytes
+    per work ID (a pool over 100,000 work IDs keeps one such array per peer)."""
+    key = _rank_key(holder_id)
+    return array("Q", (_rank(key, work_id) for work_id in work_ids))
 
 
 @dataclass(frozen=True, slots=True)
@@ -229,30 +254,60 @@ class Balancer:
     """After a full survey that found this member at its target with nothing to move: the
     members seen, the work IDs held, and when the next full survey is due anyway."""
     _last: Plan | None = field(default=None, init=False)
-    _order: dict[str, bytes] = field(default_factory=dict, init=False)
-    _others: dict[str, dict[str, bytes]] = field(default_factory=dict, init=False)
+    _own: array[int] = field(default_factory=lambda: array("Q"), init=False)
+    """This member's rank of each work ID, in ``work_ids`` order."""
+    _others: dict[str, array[int]] = field(default_factory=dict, init=False)
+    """Each peer's rank of each work ID (same order), computed once per peer."""
+    _preferred: array[int] = field(default_factory=lambda: array("I"), init=False)
+    """Positions in ``work_ids`` in the order this member takes free ones (see
+    ``_preference``), rebuilt when the peers change: a scan only walks it."""
+    _preferred_for: tuple[str, ...] | None = field(default=None, init=False)
 
     def __post_init__(self) -> None:
-        self._order = _ranks(self.holder_id, self.work_ids)
+        self._own = _ranks(self.holder_id, self.work_ids)
 
-    def _preference(self, free: list[str], peers: list[str]) -> list[str]:
-        """``free`` in the order this member should try them: those it ranks above every
-        peer first (they are "its" work IDs), then the rest, each by its own rank."""
+    def _lowest_first(self, work_ids: Iterable[str]) -> list[str]:
+        """``work_ids`` by this member's rank, lowest first (ranks recomputed: no map from
+        work ID to position is kept, and ranking what it sheds is rare)."""
+        key = _rank_key(self.holder_id)
+        return sorted(work_ids, key=lambda work_id: _rank(key, work_id))
+
+    def _preference(self, free: list[str], peers: list[str], limit: int) -> tuple[str, ...]:
+        """The first ``limit`` of ``free`` in the order this member should try them: those
+        it ranks above every peer first (they are "its" work IDs), then the rest, each by its
+        own rank. The order over all work IDs is computed when the peers change (one rank
+        array per new peer, then a sort); a scan walks it, so its cost does not depend on
+        the number of peers."""
+        wanted = tuple(sorted(peers))
+        if wanted != self._preferred_for:
+            self._reorder(wanted)
+        free_now = set(free)
+        work_ids = self.work_ids
+        found = (work_ids[i] for i in self._preferred if work_ids[i] in free_now)
+        return tuple(islice(found, limit))
+
+    def _reorder(self, peers: tuple[str, ...]) -> None:
         for gone in set(self._others) - set(peers):
             del self._others[gone]  # a member that left (a restart with a new holder ID)
-        ranks = []
         for peer in peers:
-            known = self._others.get(peer)
-            if known is None:
-                known = self._others[peer] = _ranks(peer, self.work_ids)
-            ranks.append(known)
-        mine = self._order
-
-        def key(work_id: str) -> tuple[bool, bytes]:
-            own = mine[work_id]
-            return (all(own > other[work_id] for other in ranks), own)
-
-        return sorted(free, key=key, reverse=True)
+            if peer not in self._others:
+                self._others[peer] = _ranks(peer, self.work_ids)
+        own = self._own
+        positions = range(len(own))
+        best: Iterable[int] | None = None
+        for ranks in self._others.values():
+            best = ranks if best is None else map(max, best, ranks)
+        if best is None:
+            first: list[int] = list(positions)
+            rest: list[int] = []
+        else:
+            wins = [mine > other for mine, other in zip(own, best, strict=True)]
+            first = [i for i in positions if wins[i]]
+            rest = [i for i in positions if not wins[i]]
+        first.sort(key=own.__getitem__, reverse=True)
+        rest.sort(key=own.__getitem__, reverse=True)
+        self._preferred = array("I", first + rest)
+        self._preferred_for = peers
 
     def settled(self) -> bool:
         """Whether the next scan may start with a look at the members only (``quiet``)."""
@@ -317,9 +372,8 @@ class Balancer:
         if held < target:
             self._surplus_seen = 0
             peers = [member.holder_id for member in members if member.holder_id != self.holder_id]
-            ordered = self._preference(free, peers)
             step = min(target - held, self.max_moves, max(TAKE_STEP, held))
-            take = tuple(ordered[:step])
+            take = self._preference(free, peers, step)
         elif held > target:
             self._surplus_seen += 1
             lacking = sum(
@@ -333,7 +387,7 @@ class Balancer:
             if wanted <= 0:
                 self._surplus_seen = 0  # nobody to hand to: a later sighting starts afresh
             elif self._surplus_seen >= _SHED_CONFIRMATIONS:
-                ranked = sorted(staying, key=self._order.__getitem__)
+                ranked = self._lowest_first(staying)
                 shed = tuple(ranked[:wanted])
         else:
             self._surplus_seen = 0

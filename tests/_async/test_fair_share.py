@@ -380,7 +380,10 @@ async def test_a_stopping_pool_releases_everything_in_a_few_statements(
     async def script(group: Group) -> None:
         member.gate.set()
         await group.until("all held", lambda: member.held() == len(IDS))
-        await asleep(0.1)
+        # Each work ID's first checkpoint acknowledged: the release must keep it.
+        await group.until(
+            "all checkpointed", lambda: all(trail.acked.get((w, "stopper")) for w in IDS)
+        )
         calls.clear()
 
     await group.run(script)

@@ -773,6 +773,44 @@ async def test_scan_takes_every_free_work_id_in_one_batch() -> None:
     assert sorted(w for event, _ in scans.scans for w in event.acquired) == sorted(ids)
 
 
+@pytest.mark.parametrize("fair_share", [False, True], ids=["plain", "fair"])
+async def test_slots_that_failed_together_are_taken_back_in_batches(fair_share: bool) -> None:
+    """Every work function fails at once (as when a stalled process loses all its leases):
+    each slot backs off and hands its work ID back to the scan, which takes them again in
+    batched acquires; no slot acquires on its own (thousands of slots doing so at once made
+    a storm of single acquires, issue 24)."""
+    backend = CountingMemory()
+    lease = AsyncLease(backend, holder_id=HOLDER, ttl=TTL)
+    ids = [f"w{i:02d}" for i in range(30)]
+    runs: dict[str, int] = {}
+    slots = Slots()
+
+    async def work(token: Token, prior: Checkpoint) -> bytes | None:
+        runs[token.work_id] = runs.get(token.work_id, 0) + 1
+        if runs[token.work_id] == 1:
+            raise ValueError("the first run fails everywhere")
+        raise Retire
+
+    pool = AsyncPool(
+        lease,
+        ids,
+        work,
+        observer=slots,
+        idle_interval=0.05,
+        backoff_interval=0.2,
+        rerun_interval=LONG,
+        fair_share=fair_share,
+    )
+    assert await drive(pool) is None
+    assert runs == dict.fromkeys(ids, 2)
+    assert slots.kinds().count("backoff") == len(ids)
+    # The one single acquire of a fair-share pool is its membership lease.
+    assert backend.calls.count(("acquire", 1)) == (1 if fair_share else 0)
+    granted = sum(n for kind, n in backend.calls if kind == "acquire_many")
+    assert granted >= 2 * len(ids)
+    assert sum(1 for kind, _ in backend.calls if kind == "acquire_many") < len(ids)
+
+
 async def test_backend_without_batches_is_scanned_one_acquire_at_a_time() -> None:
     backend = WithoutBatches()
     rival = AsyncLease(backend, holder_id="rival", ttl=TTL)

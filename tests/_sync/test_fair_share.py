@@ -383,7 +383,8 @@ def test_a_stopping_pool_releases_everything_in_a_few_statements(
     def script(group: Group) -> None:
         member.gate.set()
         group.until("all held", lambda: member.held() == len(IDS))
-        sleep(0.1)
+        # Each work ID's first checkpoint acknowledged: the release must keep it.
+        group.until("all checkpointed", lambda: all(trail.acked.get((w, "stopper")) for w in IDS))
         calls.clear()
 
     group.run(script)

@@ -140,7 +140,7 @@ def test_surplus_is_shed_only_when_seen_twice_and_somebody_lacks() -> None:
     third = balancer.plan(view, mine=IDS, shedding=second.shed)
     assert third.held == 5
     assert third.shed == ()  # the ones being shed no longer count
-    ranks = balancer._order
+    ranks = dict(zip(IDS, balancer._own, strict=True))
     assert max(ranks[w] for w in second.shed) < min(ranks[w] for w in set(IDS) - set(second.shed))
 
 
@@ -291,3 +291,33 @@ def test_a_cold_member_grows_in_steps_that_at_most_double_what_it_holds() -> Non
     third = balancer.plan(survey(tuple(i for i in ids if i not in held), {}, {}), mine=held)
     assert len(third.take) == 2 * TAKE_STEP
     assert not set(third.take) & held
+
+
+def _reference_order(holder: str, peers: list[str], free: list[str]) -> list[str]:
+    """The rendezvous preference written out directly: the work IDs this member ranks above
+    every peer first, then the rest, each by its own rank (8-byte keyed BLAKE2b digests)."""
+    import hashlib
+
+    def rank(member: str, work_id: str) -> bytes:
+        key = hashlib.sha256(member.encode()).digest()
+        return hashlib.blake2b(work_id.encode(), key=key, digest_size=8).digest()
+
+    def key(work_id: str) -> tuple[bool, bytes]:
+        own = rank(holder, work_id)
+        return (all(own > rank(peer, work_id) for peer in peers), own)
+
+    return sorted(free, key=key, reverse=True)
+
+
+def test_the_precomputed_preference_matches_the_rendezvous_rule_as_peers_come_and_go() -> None:
+    """The order is computed once per set of peers and walked by each scan: after peers
+    join and leave it is still exactly the rule, for any subset of free work IDs."""
+    ids = tuple(f"job-{i:04d}" for i in range(600))
+    free = [work_id for i, work_id in enumerate(ids) if i % 3 != 1]
+    balancer = Balancer(ids, "me", max_moves=len(ids))
+    for peers in (["p1"], ["p1", "p2", "p3"], ["p3"], [], ["p2", "p4"]):
+        view = survey(tuple(free), {}, dict.fromkeys(peers))
+        plan = balancer.plan(view, mine=())
+        limit = min(len(free), TAKE_STEP, plan.target)
+        assert list(plan.take) == _reference_order("me", peers, free)[:limit]
+        assert set(balancer._others) == set(peers)

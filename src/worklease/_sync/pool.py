@@ -29,6 +29,7 @@ from .._fairshare import (
     encode_member,
     member_prefix,
     member_work_id,
+    rescan_delay,
 )
 from .._models import Checkpoint, ExitMode, Token
 from .._options import (
@@ -106,7 +107,8 @@ class Pool:
     settled group's background work does not grow with the number of work IDs. A member
     takes at most 1,000 work IDs per scan, or as many as it already holds if that is more
     (a cold start or a big takeover grows in steps it can renew), scanning again soon while
-    under its target. ``fair_share=False``, or a backend without ``survey``, takes whatever
+    under its target (after a tenth of ``idle_interval``, or three times what its last scan
+    took if that is more). ``fair_share=False``, or a backend without ``survey``, takes whatever
     is free instead.
 
     The pool scans: once per ``idle_interval`` (plus up to 20 %) it asks the backend which of
@@ -119,11 +121,17 @@ class Pool:
     - it returned → wait ``rerun_interval`` (plus up to 20 %) and run it again;
     - it raised ``Retire`` → the work ID is released RETIRED and the slot stops
       (``on_slot_retired``);
-    - the lease was fenced → try to re-acquire at once (``on_slot_lost``);
+    - the lease was fenced → the slot ends and the next scan, at once, takes the work ID
+      back if it is free (``on_slot_lost``);
     - another holder has it (on a re-acquire) → the slot ends and the scan looks for it again;
     - a permanent failure (``worklease.permanent(exc)``, or any exception in the chain with a
       ``permanent()`` method returning true) → the slot stops for good (``on_slot_dead``);
-    - any other failure → wait ``backoff_interval`` (``on_slot_backoff``).
+    - any other failure → wait ``backoff_interval`` (``on_slot_backoff``), then the slot ends
+      and the scan takes the work ID back.
+
+    After a failure the work ID always goes back through the scan, so thousands of slots
+    failing together (a stalled process losing its leases) come back in batched acquires,
+    never in one acquire each.
 
     Each scan is reported to ``on_scan``; a failed scan is logged and retried after
     ``backoff_interval``. Only work IDs held here have a running slot (with threads, one
@@ -347,17 +355,24 @@ class Pool:
                 with self._lock:
                     if len(self._done) == len(self._work_ids):
                         return
-                    candidates = [
-                        work_id
-                        for work_id in self._work_ids
-                        if work_id not in self._claimed and work_id not in self._done
-                    ]
+                    # (A balancing scan asks about every work ID anyway: no list to build.)
+                    candidates = (
+                        []
+                        if balancing
+                        else [
+                            work_id
+                            for work_id in self._work_ids
+                            if work_id not in self._claimed and work_id not in self._done
+                        ]
+                    )
                 delay = jittered(self._pacing.idle_interval)
                 if balancing or candidates:
                     try:
                         if balancing:
-                            if self._balance(runner, balancer):
-                                delay = self._pacing.idle_interval / 10  # more to take now
+                            started = monotonic()
+                            if self._balance(runner, balancer):  # more to take now
+                                took = monotonic() - started
+                                delay = rescan_delay(self._pacing.idle_interval, took)
                         else:
                             self._start_slots(runner, self._scan(candidates))
                     except Exception as exc:
@@ -600,20 +615,22 @@ class Pool:
                 return
             if error is None:
                 self._pause(jittered(self._pacing.rerun_interval))
-            elif isinstance(error, FencedError):
+                continue  # the work returned: this slot runs it again (its own acquire)
+            # After a failure the scan takes the work ID back, with any others that failed
+            # meanwhile, in one batch: thousands of slots losing their leases together (a
+            # stalled machine) must not turn into thousands of acquires racing each other.
+            if isinstance(error, FencedError):
                 notify(observer.on_slot_lost, SlotLostEvent(work_id, error))
             elif is_permanent(error):
                 notify(observer.on_slot_dead, SlotDeadEvent(work_id, error))
                 with self._lock:
                     self._dead += 1
                     self._done.add(work_id)
-                return
-            elif isinstance(error, LeaseHeldError):
-                return  # somebody else has it: the scan looks for it again
-            else:
+            elif not isinstance(error, LeaseHeldError):  # held: somebody else has it
                 delay = self._pacing.backoff_interval
                 notify(observer.on_slot_backoff, SlotBackoffEvent(work_id, error, delay))
                 self._pause(delay)
+            return
 
     def _defer(self, token: Token, mode: ExitMode) -> bool:
         """A slot's plain final release while the pool stops: kept for one release of many
