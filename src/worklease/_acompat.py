@@ -209,12 +209,19 @@ runner cycling through work IDs starts no thread per cycle."""
 # -- calling user code ----------------------------------------------------------------------
 
 
-async def acall(fn: Callable[..., T | Awaitable[T]], *args: Any) -> T:
-    """Call ``fn`` and await the result when it is awaitable (sync or async callables)."""
+def acall(fn: Callable[..., T | Awaitable[T]], *args: Any) -> Awaitable[T]:
+    """Call ``fn``; await what this returns to get its result (sync or async callables).
+
+    An async ``fn``'s own awaitable is handed back as it is, so awaiting it costs no
+    coroutine frame of this helper (a pool keeps one such call waiting per held lease)."""
     result = fn(*args)
     if inspect.isawaitable(result):
-        return cast(T, await result)
-    return result
+        return cast(Awaitable[T], result)
+    return _ready(result)
+
+
+async def _ready(value: T) -> T:
+    return value
 
 
 def call(fn: Callable[..., T], *args: Any) -> T:
@@ -557,6 +564,8 @@ class AHostCanceller:
     ``consume`` in the block's exit tells whether a ``CancelledError`` was ours (and undoes our
     cancellation request), so an outside cancellation still propagates.
     """
+
+    __slots__ = ("_baseline", "_requested", "_task")
 
     def __init__(self) -> None:
         self._task: asyncio.Task[Any] | None = None

@@ -52,6 +52,22 @@ class Settled(enum.Enum):
 class ScheduledRenewal:
     """The schedule, retry and loss state of one background renewal (no waits, no I/O)."""
 
+    __slots__ = (
+        "_backoff",
+        "_base",
+        "_clock",
+        "_interval",
+        "_seal",
+        "_token",
+        "_ttl",
+        "_window",
+        "attempt",
+        "due",
+        "last_error",
+        "retrying",
+        "stopped",
+    )
+
     def __init__(
         self,
         token: Token,

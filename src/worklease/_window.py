@@ -170,6 +170,8 @@ class LeaseWindow:
     window is decided by the clock whenever anybody looks, so a stalled call cannot hide it.
     """
 
+    __slots__ = ("_cause", "_clock", "_due", "_end", "_lock", "_stopped", "_trying_since", "token")
+
     def __init__(self, token: Token, end: float, clock: Callable[[], float] = monotonic) -> None:
         self.token = token
         self._clock = clock

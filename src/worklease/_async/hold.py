@@ -65,6 +65,20 @@ class AsyncHold:
     lapses after its TTL).
     """
 
+    __slots__ = (
+        "_cleanup_timeout",
+        "_defer",
+        "_final",
+        "_granted",
+        "_lease",
+        "_options",
+        "_prior",
+        "_release",
+        "_renewal",
+        "_token",
+        "_work_id",
+    )
+
     __module__ = "worklease"
 
     def __init__(

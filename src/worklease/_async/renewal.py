@@ -55,6 +55,20 @@ class AsyncRenewal:
     is chained to it.
     """
 
+    __slots__ = (
+        "_canceller",
+        "_context",
+        "_entered",
+        "_renewals",
+        "_renewer",
+        "_schedule",
+        "_seal",
+        "_shed",
+        "_shed_reason",
+        "_token",
+        "_window",
+    )
+
     __module__ = "worklease"
 
     def __init__(

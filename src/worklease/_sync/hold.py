@@ -68,6 +68,20 @@ class Hold:
     lapses after its TTL).
     """
 
+    __slots__ = (
+        "_cleanup_timeout",
+        "_defer",
+        "_final",
+        "_granted",
+        "_lease",
+        "_options",
+        "_prior",
+        "_release",
+        "_renewal",
+        "_token",
+        "_work_id",
+    )
+
     __module__ = "worklease"
 
     def __init__(

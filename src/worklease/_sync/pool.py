@@ -574,12 +574,51 @@ class Pool:
             self._done.add(work_id)
             return True
 
-    def _slot(self, runner: Runner, work_id: str, granted: tuple[Token, Checkpoint | None]) -> None:
+    def _slot(
+        self, runner: Runner, work_id: str, granted: tuple[Token, Checkpoint | None] | None
+    ) -> None:
+        """Run the work while this process keeps the work ID; give it back to the scan (by
+        ending) when somebody else holds it or after a failure. (One coroutine per slot:
+        each frame more costs every held lease a few hundred bytes.)"""
         try:
             with self._lock:
                 if self._stop.is_set() or self._unstarted.pop(work_id, None) is None:
                     return  # unstarted: the grant is (or was) released when run ends
-            self._slot_loop(runner, work_id, granted)
+            observer = self._observer
+            while granted is not None or not self._stop.is_set():  # a grant is always run
+                if granted is None and self._handed_over(work_id):
+                    return
+                error: Exception | None = None
+                try:
+                    runner._run(work_id, granted)
+                except Exception as exc:
+                    error = exc
+                granted = None
+                if self._handed_over(work_id):
+                    return  # shed: released ABANDONED by the hold; the new holder carries on
+                if error is None and self._retired_now(work_id):
+                    notify(observer.on_slot_retired, SlotRetiredEvent(work_id))
+                    return
+                if self._stop.is_set():
+                    return
+                if error is None:
+                    self._pause(jittered(self._pacing.rerun_interval))
+                    continue  # the work returned: this slot runs it again (its own acquire)
+                # After a failure the scan takes the work ID back, with any others that failed
+                # meanwhile, in one batch: thousands of slots losing their leases together (a
+                # stalled machine) must not turn into thousands of acquires racing each other.
+                if isinstance(error, FencedError):
+                    notify(observer.on_slot_lost, SlotLostEvent(work_id, error))
+                elif is_permanent(error):
+                    notify(observer.on_slot_dead, SlotDeadEvent(work_id, error))
+                    with self._lock:
+                        self._dead += 1
+                        self._done.add(work_id)
+                elif not isinstance(error, LeaseHeldError):  # held: somebody else has it
+                    delay = self._pacing.backoff_interval
+                    notify(observer.on_slot_backoff, SlotBackoffEvent(work_id, error, delay))
+                    self._pause(delay)
+                return
         except Exception:  # a bug must not take the other slots down silently
             logger.exception("worklease pool slot %r failed unexpectedly", work_id)
         finally:
@@ -590,47 +629,6 @@ class Pool:
                 watch = self._watch
             if watch is not None:
                 watch.wake()  # the scan takes the work ID back (or sees everything done)
-
-    def _slot_loop(
-        self, runner: Runner, work_id: str, granted: tuple[Token, Checkpoint | None] | None
-    ) -> None:
-        """Run the work while this process keeps the work ID; give it back to the scan
-        (by returning) when somebody else holds it."""
-        observer = self._observer
-        while granted is not None or not self._stop.is_set():  # a grant is always run
-            if granted is None and self._handed_over(work_id):
-                return
-            error: Exception | None = None
-            try:
-                runner._run(work_id, granted)
-            except Exception as exc:
-                error = exc
-            granted = None
-            if self._handed_over(work_id):
-                return  # shed: released ABANDONED by the hold; the new holder carries on
-            if error is None and self._retired_now(work_id):
-                notify(observer.on_slot_retired, SlotRetiredEvent(work_id))
-                return
-            if self._stop.is_set():
-                return
-            if error is None:
-                self._pause(jittered(self._pacing.rerun_interval))
-                continue  # the work returned: this slot runs it again (its own acquire)
-            # After a failure the scan takes the work ID back, with any others that failed
-            # meanwhile, in one batch: thousands of slots losing their leases together (a
-            # stalled machine) must not turn into thousands of acquires racing each other.
-            if isinstance(error, FencedError):
-                notify(observer.on_slot_lost, SlotLostEvent(work_id, error))
-            elif is_permanent(error):
-                notify(observer.on_slot_dead, SlotDeadEvent(work_id, error))
-                with self._lock:
-                    self._dead += 1
-                    self._done.add(work_id)
-            elif not isinstance(error, LeaseHeldError):  # held: somebody else has it
-                delay = self._pacing.backoff_interval
-                notify(observer.on_slot_backoff, SlotBackoffEvent(work_id, error, delay))
-                self._pause(delay)
-            return
 
     def _defer(self, token: Token, mode: ExitMode) -> bool:
         """A slot's plain final release while the pool stops: kept for one release of many
