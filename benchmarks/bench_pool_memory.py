@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import gc
 import json
 import os
@@ -51,12 +52,15 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--ttl", type=float, default=10.0)
     parser.add_argument("--timeout", type=float, default=300.0)
     parser.add_argument("--label", default="")
+    parser.add_argument(
+        "--src", type=Path, default=REPO / "src", help="import worklease from here (an old tree)"
+    )
     parser.add_argument("--output", type=Path, default=RESULTS)
     return parser.parse_args()
 
 
 async def measure(args: argparse.Namespace) -> dict[str, Any]:
-    sys.path.insert(0, str(REPO / "src"))
+    sys.path.insert(0, str(args.src))
     import worklease
 
     ids = [f"scale/{i:06d}" for i in range(args.work_ids)]
@@ -91,6 +95,9 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
             break
         await asyncio.sleep(0.2)
     covered_s = time.monotonic() - started
+    ended = None
+    if runner.done():  # the pool's run ended by itself before holding what it should
+        ended = repr(runner.exception()) if not runner.cancelled() else "cancelled"
     await asyncio.sleep(1.5)  # a few more scans and a renewal round
     held = len(pool.active_slots())
     gc.collect()
@@ -109,7 +116,9 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
     tracemalloc.stop()
     pool.stop()
     stopped.set()
-    await runner
+    if not runner.done() or not runner.cancelled():
+        with contextlib.suppress(Exception):
+            await runner
     if args.backend != "memory":
         await backend.close()
     root = str(REPO)
@@ -123,6 +132,7 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
         "work_ids": args.work_ids,
         "held": held,
         "covered_s": round(covered_s, 2),
+        "run_ended_early": ended,
         "traced_bytes_per_lease": round(total / max(held, 1)),
         "rss_bytes_per_lease": round((rss - base_rss) / max(held, 1)),
         "by_file_bytes_per_lease": {

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import inspect
 import json
 import logging
@@ -172,7 +173,16 @@ async def run(args: argparse.Namespace, origin: str) -> int:
         def on_slot_shed(self, event: Any) -> None:  # called by pools that share fairly
             counts["slot_shed"] += 1
 
-    lag = {"max_s": 0.0}
+    lag = {"max_s": 0.0, "gc_max_s": 0.0, "gc_start": 0.0}
+
+    def gc_timer(phase: str, info: dict[str, Any]) -> None:
+        """The longest garbage collection per report (a full one walks every object)."""
+        if phase == "start":
+            lag["gc_start"] = time.perf_counter()
+        else:
+            lag["gc_max_s"] = max(lag["gc_max_s"], time.perf_counter() - lag["gc_start"])
+
+    gc.callbacks.append(gc_timer)
     stopped = asyncio.Event()
     stop_requested: list[float] = []
 
@@ -233,9 +243,10 @@ async def run(args: argparse.Namespace, origin: str) -> int:
                     cpu_s=time.process_time(),
                     rss_kib=rss_kib(),
                     loop_lag_max_s=round(lag["max_s"], 3),
+                    gc_max_s=round(lag["gc_max_s"], 3),
                     **counts,
                 )
-                lag["max_s"] = 0.0
+                lag["max_s"] = lag["gc_max_s"] = 0.0
                 await asyncio.sleep(args.report_interval)
 
         async def watch_lag() -> None:

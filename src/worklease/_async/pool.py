@@ -14,6 +14,7 @@ from .._acompat import (
     acancel_worker,
     acleanup,
     ajoin_all,
+    asleep,
     aspawn,
 )
 from .._context import current_renewal
@@ -75,6 +76,9 @@ from .watch import AsyncReleaseHub, AsyncReleaseWatch
 __all__ = ["AsyncPool"]
 
 logger = logging.getLogger("worklease")
+
+_START_WAVE = 256
+"""Slots started between two yields to the event loop (see ``_start_slots``)."""
 
 _FLUSH_EVERY = 0.05
 """While a pool stops, how often the final releases its slots left to it are sent."""
@@ -371,7 +375,7 @@ class AsyncPool:
                                 took = monotonic() - started
                                 delay = rescan_delay(self._pacing.idle_interval, took)
                         else:
-                            self._start_slots(runner, await self._scan(candidates))
+                            await self._start_slots(runner, await self._scan(candidates))
                     except Exception as exc:
                         logger.warning(
                             "worklease pool scan failed; retrying in %gs: %s",
@@ -418,7 +422,7 @@ class AsyncPool:
             if plan.take:
                 grants = await self._lease._acquire_available(list(plan.take), known_free=True)
             call.result = grants
-        self._start_slots(runner, grants)
+        await self._start_slots(runner, grants)
         for work_id in plan.shed:
             self._shed(work_id)
         self._report_balance(plan, grants)
@@ -516,16 +520,23 @@ class AsyncPool:
         except Exception as exc:  # it lapses after the TTL instead
             logger.info("worklease pool %s: leaving failed: %s", self._group, exc)
 
-    def _start_slots(
+    async def _start_slots(
         self, runner: AsyncRunner, grants: list[tuple[Token, Checkpoint | None]]
     ) -> None:
-        for token, prior in grants:
+        with self._lock:  # every grant is ours first: one not started yet is released at the end
+            for token, _ in grants:
+                self._claimed.add(token.work_id)
+                self._unstarted[token.work_id] = token
+        for started, (token, prior) in enumerate(grants, 1):
+            if started % _START_WAVE == 0:
+                # Let the slots started so far take their first steps, and the renewals
+                # run, before starting more: thousands of new slots at once must not keep
+                # the leases already held waiting for seconds.
+                await asleep(0)
             work_id = token.work_id
             with self._lock:
-                self._claimed.add(work_id)
-                self._unstarted[work_id] = token
                 if self._stop.is_set():
-                    continue  # released with the other unstarted grants when run ends
+                    return  # released with the other unstarted grants when run ends
                 self._workers[work_id] = aspawn(
                     self._slot, runner, work_id, (token, prior), name="worklease-pool:" + work_id
                 )

@@ -17,6 +17,7 @@ from .._acompat import (
     cancel_worker,
     cleanup,
     join_all,
+    sleep,
     spawn,
 )
 from .._context import current_renewal
@@ -78,6 +79,9 @@ from .watch import ReleaseHub, ReleaseWatch
 __all__ = ["Pool"]
 
 logger = logging.getLogger("worklease")
+
+_START_WAVE = 256
+"""Slots started between two yields to the event loop (see ``_start_slots``)."""
 
 _FLUSH_EVERY = 0.05
 """While a pool stops, how often the final releases its slots left to it are sent."""
@@ -520,13 +524,20 @@ class Pool:
             logger.info("worklease pool %s: leaving failed: %s", self._group, exc)
 
     def _start_slots(self, runner: Runner, grants: list[tuple[Token, Checkpoint | None]]) -> None:
-        for token, prior in grants:
+        with self._lock:  # every grant is ours first: one not started yet is released at the end
+            for token, _ in grants:
+                self._claimed.add(token.work_id)
+                self._unstarted[token.work_id] = token
+        for started, (token, prior) in enumerate(grants, 1):
+            if started % _START_WAVE == 0:
+                # Let the slots started so far take their first steps, and the renewals
+                # run, before starting more: thousands of new slots at once must not keep
+                # the leases already held waiting for seconds.
+                sleep(0)
             work_id = token.work_id
             with self._lock:
-                self._claimed.add(work_id)
-                self._unstarted[work_id] = token
                 if self._stop.is_set():
-                    continue  # released with the other unstarted grants when run ends
+                    return  # released with the other unstarted grants when run ends
                 self._workers[work_id] = spawn(
                     self._slot, runner, work_id, (token, prior), name="worklease-pool:" + work_id
                 )
