@@ -171,7 +171,7 @@ def rescan_delay(idle_interval: float, last_scan: float) -> float:
     idle interval, or ``RESCAN_COST_FACTOR`` times what its last scan took if that is more.
     Scans of a big set while under target read every work ID; on a loaded machine scanning
     back to back would take the time its renewals need and lose what it holds, so the pace
-    follows the measured cost (at most a third of the time goes to scanning)."""
+    follows the measured cost (at most about a quarter of the time goes to scanning)."""
     return max(idle_interval / 10, RESCAN_COST_FACTOR * max(last_scan, 0.0))
 
 

@@ -794,6 +794,40 @@ def test_slots_that_failed_together_are_taken_back_in_batches(fair_share: bool) 
     assert sum(1 for kind, _ in backend.calls if kind == "acquire_many") < len(ids)
 
 
+def test_grants_whose_slot_could_not_start_are_handed_back_and_taken_again(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Starting the fifth slot of a scan fails (as a thread that cannot start would): the
+    grants after it are released at once instead of staying claimed without a slot, and a
+    later scan takes them again, so the pool ends up holding every work ID."""
+    from worklease._sync import pool as pool_module
+
+    real = pool_module.spawn
+    calls = itertools.count(1)
+
+    def flaky(*args: Any, **kwargs: Any) -> Any:
+        if kwargs.get("name", "").startswith("worklease-pool:") and next(calls) == 5:
+            raise RuntimeError("can't start new thread")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(pool_module, real.__name__, flaky)
+    backend = CountingMemory()
+    lease = Lease(backend, holder_id=HOLDER, ttl=TTL)
+    ids = [f"w{i}" for i in range(10)]
+
+    def work(token: Token, prior: Checkpoint) -> bytes | None:
+        spin_until_stopped(pool)
+        return None
+
+    pool = Pool(lease, ids, work, idle_interval=0.05, backoff_interval=0.05, fair_share=False)
+
+    def all_mine() -> bool:
+        return pool.active_slots() == frozenset(ids)
+
+    assert drive(pool, stop_when=all_mine) is None
+    assert next(calls) > 11  # the failed start, then the others started again
+
+
 def test_backend_without_batches_is_scanned_one_acquire_at_a_time() -> None:
     backend = WithoutBatches()
     rival = Lease(backend, holder_id="rival", ttl=TTL)

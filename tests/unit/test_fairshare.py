@@ -321,3 +321,12 @@ def test_the_precomputed_preference_matches_the_rendezvous_rule_as_peers_come_an
         limit = min(len(free), TAKE_STEP, plan.target)
         assert list(plan.take) == _reference_order("me", peers, free)[:limit]
         assert set(balancer._others) == set(peers)
+
+
+def test_the_rescan_pace_follows_the_cost_of_the_last_scan() -> None:
+    from worklease._fairshare import RESCAN_COST_FACTOR, rescan_delay
+
+    assert rescan_delay(1.0, 0.0) == 0.1  # cheap scans: a tenth of the idle interval
+    assert rescan_delay(1.0, 0.01) == 0.1
+    assert rescan_delay(1.0, 0.5) == RESCAN_COST_FACTOR * 0.5  # costly: three times as long
+    assert rescan_delay(1.0, -1.0) == 0.1  # a clock oddity never makes it negative

@@ -66,6 +66,7 @@ class AsyncHold:
     """
 
     __slots__ = (
+        "__weakref__",
         "_cleanup_timeout",
         "_defer",
         "_final",

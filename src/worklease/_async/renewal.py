@@ -56,6 +56,7 @@ class AsyncRenewal:
     """
 
     __slots__ = (
+        "__weakref__",
         "_canceller",
         "_context",
         "_entered",

@@ -69,6 +69,7 @@ class Hold:
     """
 
     __slots__ = (
+        "__weakref__",
         "_cleanup_timeout",
         "_defer",
         "_final",

@@ -370,6 +370,7 @@ class Pool:
                         ]
                     )
                 delay = jittered(self._pacing.idle_interval)
+                not_before = 0.0
                 if balancing or candidates:
                     try:
                         if balancing:
@@ -377,6 +378,7 @@ class Pool:
                             if self._balance(runner, balancer):  # more to take now
                                 took = monotonic() - started
                                 delay = rescan_delay(self._pacing.idle_interval, took)
+                                not_before = started + took + delay
                         else:
                             self._start_slots(runner, self._scan(candidates))
                     except Exception as exc:
@@ -389,6 +391,10 @@ class Pool:
                 if self._stop.is_set():
                     return
                 watch.wait(delay)  # a release of one of ours ends it early
+                if not_before > monotonic():
+                    # Under target after a costly scan: a wake (a release, a slot that
+                    # ended) does not make the next one come sooner than its pace.
+                    self._stop.wait(not_before - monotonic())
         finally:
             self._watch = None
             watch.close()
@@ -528,19 +534,36 @@ class Pool:
             for token, _ in grants:
                 self._claimed.add(token.work_id)
                 self._unstarted[token.work_id] = token
-        for started, (token, prior) in enumerate(grants, 1):
-            if started % _START_WAVE == 0:
-                # Let the slots started so far take their first steps, and the renewals
-                # run, before starting more: thousands of new slots at once must not keep
-                # the leases already held waiting for seconds.
-                sleep(0)
-            work_id = token.work_id
+        spawned = 0
+        try:
+            for token, prior in grants:
+                if spawned and spawned % _START_WAVE == 0:
+                    # Let the slots started so far take their first steps, and the
+                    # renewals run, before starting more: thousands of new slots at once
+                    # must not keep the leases already held waiting for seconds.
+                    sleep(0)
+                work_id = token.work_id
+                with self._lock:
+                    if self._stop.is_set():
+                        return  # released with the other unstarted grants when run ends
+                    self._workers[work_id] = spawn(
+                        self._slot,
+                        runner,
+                        work_id,
+                        (token, prior),
+                        name="worklease-pool:" + work_id,
+                    )
+                spawned += 1
+        except Exception:
+            # No slot for the rest (a thread could not start): hand them back now rather
+            # than leave them claimed, unrenewed and never taken again.
             with self._lock:
-                if self._stop.is_set():
-                    return  # released with the other unstarted grants when run ends
-                self._workers[work_id] = spawn(
-                    self._slot, runner, work_id, (token, prior), name="worklease-pool:" + work_id
-                )
+                left = [token for token, _ in grants[spawned:]]
+                for token in left:
+                    self._unstarted.pop(token.work_id, None)
+                    self._claimed.discard(token.work_id)
+            self._hand_back([(token, ExitMode.ABANDONED) for token in left])
+            raise
 
     # -- one held work ID ---------------------------------------------------------------------
 

@@ -59,6 +59,7 @@ class Renewal:
     """
 
     __slots__ = (
+        "__weakref__",
         "_canceller",
         "_context",
         "_entered",
