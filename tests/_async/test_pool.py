@@ -817,9 +817,9 @@ async def test_grants_whose_slot_could_not_start_are_handed_back_and_taken_again
     """Starting the fifth slot of a scan fails (as a thread that cannot start would): the
     grants after it are released at once instead of staying claimed without a slot, and a
     later scan takes them again, so the pool ends up holding every work ID."""
+    from worklease._acompat import aspawn as real
     from worklease._async import pool as pool_module
 
-    real = pool_module.aspawn
     calls = itertools.count(1)
 
     def flaky(*args: Any, **kwargs: Any) -> Any:
