@@ -59,10 +59,11 @@ class Proxy:
     def _pump(self, client: socket.socket, upstream: socket.socket) -> None:
         peers = {client: upstream, upstream: client}
         with selectors.DefaultSelector() as selector:
-            for sock in peers:
-                sock.setblocking(False)
-                selector.register(sock, selectors.EVENT_READ)
             try:
+                # Inside the try: cut() may close the pair before this thread got here.
+                for sock in peers:
+                    sock.setblocking(False)
+                    selector.register(sock, selectors.EVENT_READ)
                 while not self._closed.is_set():
                     if not self._moving.wait(0.2):
                         continue
@@ -77,7 +78,7 @@ class Proxy:
                         peers[source].setblocking(True)
                         peers[source].sendall(data)
                         peers[source].setblocking(False)
-            except OSError:
+            except (OSError, ValueError):  # closed under us (ValueError: a closed fd)
                 return
             finally:
                 for sock in peers:
