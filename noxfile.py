@@ -91,7 +91,8 @@ def tests(session: nox.Session) -> None:
 @nox.session(python=GEN_PYTHON)
 def bench(session: nox.Session) -> None:
     """Lease operations vs the hand-written PostgreSQL floor, then handoff latency,
-    transactional steps and checkpoint throughput under concurrency (group commit) ->
+    transactional steps, checkpoint throughput under concurrency (group commit), HOT updates,
+    a sweep of 200,000 rows beside an acquire and a live holder, and etcd ->
     benchmarks/results/ (not a default session). Arguments go to bench_ops.py:
     nox -s bench -- --iterations 500 --dsn DSN."""
     session.install("-e", ".[bench]", *group("test"))
@@ -102,6 +103,11 @@ def bench(session: nox.Session) -> None:
     session.run("python", "benchmarks/bench_handoff.py", *dsn)
     session.run("python", "benchmarks/bench_transaction.py", *dsn)
     session.run("python", "benchmarks/bench_concurrency.py", *dsn)
+    session.run("python", "benchmarks/bench_hot.py", *dsn)
+    session.run(
+        "python", "benchmarks/bench_sweep.py", *dsn, "--rows", "200000", "--runs", "3",
+        "--state-bytes", "256",
+    )  # fmt: skip
     session.run("python", "benchmarks/bench_etcd.py", *dsn)
 
 

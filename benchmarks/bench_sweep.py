@@ -18,7 +18,10 @@ the other, and times each acquire. For the single DELETE they are random sweepab
 (any row it has passed stays locked until it commits). For the batched sweep they are random
 work IDs among the next two batches after the cursor of the batch last finished (the rows the
 running batch locks, or is about to): an acquire there waits for the batch in progress, the
-worst case. A row an acquire took is held and no longer sweepable; it is left.
+worst case. A row an acquire took is held and no longer sweepable; it is left. A second
+thread, a live holder with a backend of its own, checkpoints its own lease (256 bytes) in a
+loop meanwhile: the longest of its checkpoints is what a sweep costs a worker (issue 25: under
+500 ms with 200,000 retired rows).
 
 Each (method, updated_at index present / dropped) runs ``--runs`` times (default 5), the order
 alternating, on a freshly filled and vacuumed table. Reported per combination, as medians over
@@ -50,8 +53,8 @@ import psycopg
 from psycopg import sql
 from psycopg_pool import ConnectionPool
 
-from worklease import LeaseHeldError, PostgresBackend
-from worklease._pg import INDEX, TABLE, Rows, Statements
+from worklease import ExitMode, LeaseHeldError, PostgresBackend
+from worklease._pg import LEGACY_INDEX, TABLE, Rows, Statements
 
 RESULTS = Path(__file__).resolve().parent / "results"
 LOCAL_DSN = "host=127.0.0.1 port=5432 user=postgres dbname=postgres connect_timeout=3"
@@ -75,6 +78,10 @@ class Run:
     statements: int
     longest_statement_ms: float
     acquires_ms: list[float] = field(default_factory=list)
+    checkpoints_ms: list[float] = field(default_factory=list)
+
+    def checkpoint_max(self) -> float:
+        return max(self.checkpoints_ms, default=0.0)
 
     def acquire_max(self) -> float:
         return max(self.acquires_ms, default=0.0)
@@ -121,11 +128,11 @@ FROM generate_series(1, %s) AS g"""
 
 
 def set_index(conn: psycopg.Connection[Any], schema: str, present: bool) -> None:
-    index = sql.Identifier(schema, INDEX)
+    index = sql.Identifier(schema, LEGACY_INDEX)
     if present:
         conn.execute(
             sql.SQL("CREATE INDEX IF NOT EXISTS {} ON {} (updated_at)").format(
-                sql.Identifier(INDEX), sql.Identifier(schema, TABLE)
+                sql.Identifier(LEGACY_INDEX), sql.Identifier(schema, TABLE)
             )
         )
     else:
@@ -160,6 +167,37 @@ class Acquirer(threading.Thread):
             self.error = exc
 
 
+HOLDER_WORK_ID = "w-holder"
+"""The live holder's work ID: it sorts after the swept rows ('w-0...'), so the last batch reads
+it; held, it is never sweepable."""
+
+
+class Holder(threading.Thread):
+    """A live holder beside the sweep: checkpoints its own lease (256 bytes) in a loop, timing
+    each, until stopped."""
+
+    def __init__(self, backend: PostgresBackend, state_bytes: int) -> None:
+        super().__init__(daemon=True)
+        self.backend = backend
+        self.state = os.urandom(state_bytes)
+        self.go = threading.Event()
+        self.stop = threading.Event()
+        self.samples: list[float] = []
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        try:
+            token = self.backend.acquire(HOLDER_WORK_ID, "bench-holder-live", 60.0)
+            self.go.wait()
+            while not self.stop.is_set():
+                started = time.perf_counter()
+                self.backend.checkpoint(token, self.state, 60.0)
+                self.samples.append((time.perf_counter() - started) * 1000)
+            self.backend.release(token, ExitMode.FINISHED)
+        except BaseException as exc:  # reported by the main thread
+            self.error = exc
+
+
 def one_run(
     method: str,
     index_present: bool,
@@ -168,6 +206,7 @@ def one_run(
     admin: psycopg.Connection[Any],
     sweeper: PostgresBackend,
     acquirer_backend: PostgresBackend,
+    holder_backend: PostgresBackend,
 ) -> Run:
     set_index(admin, schema, index_present)
     fill(admin, schema, args.rows, args.unsweepable, args.state_bytes)
@@ -186,9 +225,12 @@ def one_run(
 
     acquirer = Acquirer(acquirer_backend, pick)
     acquirer.start()
+    holder = Holder(holder_backend, 256)
+    holder.start()
     params: dict[str, Any] = {"retention": timedelta(seconds=RETENTION), "include_expired": False}
     started = time.perf_counter()
     acquirer.go.set()
+    holder.go.set()
     if method == "none":  # the baseline: acquires while nothing sweeps
         time.sleep(args.baseline)
         deleted = 0
@@ -219,9 +261,17 @@ def one_run(
             del statements.swept
     sweep_s = 0.0 if method == "none" else time.perf_counter() - started
     acquirer.stop.set()
+    holder.stop.set()
     acquirer.join(60)
+    holder.join(60)
     if acquirer.error is not None:
         raise acquirer.error
+    if holder.error is not None:
+        raise holder.error
+    admin.execute(
+        sql.SQL("DELETE FROM {} WHERE work_id = %s").format(sql.Identifier(schema, TABLE)),
+        (HOLDER_WORK_ID,),
+    )
     return Run(
         method,
         "present" if index_present else "dropped",
@@ -230,17 +280,20 @@ def one_run(
         len(statement_times),
         max(statement_times, default=0.0) * 1000,
         acquirer.samples,
+        holder.samples,
     )
 
 
 def run_record(run: Run, *, samples: bool) -> dict[str, Any]:
     """One run for the JSON file: its figures, and every acquire's latency with ``samples``."""
     record = asdict(run)
-    del record["acquires_ms"]
+    del record["acquires_ms"], record["checkpoints_ms"]
     record.update(
         acquires=len(run.acquires_ms),
         acquire_max_ms=run.acquire_max(),
         acquire_p99_ms=run.acquire_p99(),
+        holder_checkpoints=len(run.checkpoints_ms),
+        holder_checkpoint_max_ms=run.checkpoint_max(),
     )
     if samples:
         record["acquires_ms"] = run.acquires_ms
@@ -268,6 +321,8 @@ def summary(runs: list[Run]) -> list[dict[str, Any]]:
                         r.longest_statement_ms for r in chosen
                     ),
                     "deleted": statistics.median(r.deleted for r in chosen),
+                    "holder checkpoints": statistics.median(len(r.checkpoints_ms) for r in chosen),
+                    "holder checkpoint max ms": max(r.checkpoint_max() for r in chosen),
                 }
             )
     return rows
@@ -310,15 +365,24 @@ def main(argv: list[str] | None = None) -> int:
             with (
                 ConnectionPool(args.dsn, min_size=1, max_size=2, open=True) as sweep_pool,
                 ConnectionPool(args.dsn, min_size=1, max_size=2, open=True) as acquire_pool,
+                ConnectionPool(args.dsn, min_size=1, max_size=2, open=True) as holder_pool,
                 PostgresBackend(sweep_pool, schema=schema, listen=False) as sweeper,
                 PostgresBackend(acquire_pool, schema=schema, listen=False) as acquirer,
+                PostgresBackend(holder_pool, schema=schema, listen=False) as holder,
             ):
                 for n in range(args.runs):
                     order = methods if n % 2 == 0 else methods[::-1]
                     for index_present in (True, False):
                         for method in ["none", *order] if index_present else order:
                             run = one_run(
-                                method, index_present, args, schema, admin, sweeper, acquirer
+                                method,
+                                index_present,
+                                args,
+                                schema,
+                                admin,
+                                sweeper,
+                                acquirer,
+                                holder,
                             )
                             runs.append(run)
                             print(
@@ -333,7 +397,7 @@ def main(argv: list[str] | None = None) -> int:
             admin.execute(sql.SQL("DROP SCHEMA {} CASCADE").format(sql.Identifier(schema)))
     rows = summary(runs)
     header = (
-        f"# Sweep vs a concurrent acquire ({args.rows:,} sweepable rows"
+        f"# Sweep vs a concurrent acquire and a live holder ({args.rows:,} sweepable rows"
         + (f" among {args.unsweepable:,} FINISHED" if args.unsweepable else "")
         + (f", {args.state_bytes}-byte checkpoints" if args.state_bytes else "")
         + f", batch {Statements.sweep_batch}, medians of {args.runs} runs)"

@@ -19,8 +19,9 @@ from ._duration import format_duration
 from ._pg import (
     DIRECT_CONNECTIONS,
     FENCE,
-    INDEX,
+    LEGACY_INDEX,
     LISTENER_CONNECTIONS,
+    MEMBERS_INDEX,
     RENEWAL_POOL_SIZE,
     SEQUENCE,
     TABLE,
@@ -123,7 +124,9 @@ def judge_columns(found: dict[str, str]) -> CheckFinding:
         return CheckFinding(
             "schema", "fail", "the lease table is not the current layout: " + "; ".join(parts)
         )
-    return CheckFinding("schema", "ok", f"{TABLE}, {SEQUENCE}, {FENCE}() and the index are current")
+    return CheckFinding(
+        "schema", "ok", f"{TABLE}, {SEQUENCE}, {FENCE}() and the members index are current"
+    )
 
 
 def judge_isolation(level: str) -> CheckFinding:
@@ -601,7 +604,20 @@ def missing_sequence() -> CheckFinding:
 
 
 def missing_index() -> CheckFinding:
-    return CheckFinding("schema", "fail", f"the {INDEX} index is missing: run `worklease migrate`")
+    return CheckFinding(
+        "schema", "fail", f"the {MEMBERS_INDEX} index is missing: run `worklease migrate`"
+    )
+
+
+def legacy_index() -> CheckFinding:
+    return CheckFinding(
+        "schema",
+        "warn",
+        f"the {LEGACY_INDEX} index of earlier schemas is present: every renewal and "
+        "checkpoint then writes a new index entry (no HOT update) and the table bloats; "
+        "`worklease migrate` drops it (the Go library's migration creates it again: harmless, "
+        "only slower)",
+    )
 
 
 def missing_fence() -> CheckFinding:

@@ -293,7 +293,10 @@ TABLE = "worklease_leases"
 RELEASE_CHANNEL = "worklease_release"
 """The NOTIFY channel a release or forget announces its work ID on (at commit)."""
 SEQUENCE = "worklease_fencing_seq"
-INDEX = "idx_worklease_leases_updated_at"
+LEGACY_INDEX = "idx_worklease_leases_updated_at"
+"""The index on ``updated_at`` of earlier schemas (and of the Go library's): ``migrate`` drops it,
+since an index on a column every write changes makes every lease write a non-HOT update."""
+MEMBERS_INDEX = "idx_worklease_leases_members"
 FENCE = "worklease_fence"
 """The SQL function guarding a user's own statements by a lease (schema.sql)."""
 _PIN = "SET TRANSACTION ISOLATION LEVEL READ COMMITTED; "
@@ -370,7 +373,8 @@ def _qualify(text: str, quoted: str) -> str:
         (f"SEQUENCE IF NOT EXISTS {SEQUENCE};", f"SEQUENCE IF NOT EXISTS {quoted}.{SEQUENCE};"),
         (f"TABLE IF NOT EXISTS {TABLE} (", f"TABLE IF NOT EXISTS {quoted}.{TABLE} ("),
         (f"nextval('{SEQUENCE}')", f"nextval({_quote_literal(quoted + '.' + SEQUENCE)})"),
-        (f"ON {TABLE} (updated_at)", f"ON {quoted}.{TABLE} (updated_at)"),
+        (f"INDEX IF EXISTS {LEGACY_INDEX};", f"INDEX IF EXISTS {quoted}.{LEGACY_INDEX};"),
+        (f"ALTER TABLE {TABLE} SET", f"ALTER TABLE {quoted}.{TABLE} SET"),
         (
             f"ON {TABLE} (work_id text_pattern_ops)",
             f"ON {quoted}.{TABLE} (work_id text_pattern_ops)",
@@ -389,7 +393,8 @@ def _qualify(text: str, quoted: str) -> str:
 
 
 def schema_sql(schema: str | None = None) -> str:
-    """The DDL that creates the worklease table, sequence and index (idempotent).
+    """The DDL that creates the worklease table, sequence, index and fence function, and
+    drops the index of earlier schemas (idempotent).
 
     With ``schema``, the objects are created in (and the script first creates) that PostgreSQL
     schema; identifiers are quoted.

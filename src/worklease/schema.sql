@@ -20,8 +20,15 @@ CREATE TABLE IF NOT EXISTS worklease_leases (
         CHECK (prev_exit_mode IN ('none', 'expired', 'finished', 'abandoned', 'retired'))
 );
 
-CREATE INDEX IF NOT EXISTS idx_worklease_leases_updated_at
-    ON worklease_leases (updated_at);
+-- No index on updated_at or expires_at: every renewal and checkpoint changes both, and an
+-- index on a changed column makes each write a non-HOT update (a new index entry in every
+-- index, a table that bloats). The sweep walks the primary key in bounded batches instead.
+-- Tables made by earlier versions (or by the Go library's migration) have it: dropped here.
+DROP INDEX IF EXISTS idx_worklease_leases_updated_at;
+
+-- Room on each page for a row's next version, so an update stays on its page (HOT) even
+-- before the page is pruned (ADR-0018).
+ALTER TABLE worklease_leases SET (fillfactor = 90);
 
 -- Pool memberships (work IDs under 'worklease.member/'): every pool scan reads its group's
 -- members; this partial index keeps that read a few rows however big the table grows (work

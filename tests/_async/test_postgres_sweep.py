@@ -21,7 +21,7 @@ from psycopg_pool import AsyncConnectionPool
 
 from tests import pg
 from worklease import AsyncPostgresBackend, AsyncVacuum
-from worklease._pg import INDEX, TABLE, Statements, schema_statements
+from worklease._pg import LEGACY_INDEX, TABLE, Statements, schema_statements
 
 pytestmark = pytest.mark.postgres
 
@@ -182,16 +182,21 @@ async def test_sweep_passes_a_row_locked_by_another_transaction(
 
 
 @pytest.mark.usefixtures("small_batches")
-async def test_sweep_in_batches_without_the_updated_at_index(
+async def test_sweep_in_batches_with_the_updated_at_index_of_earlier_schemas(
     pool: AsyncConnectionPool[Any], postgres_dsn: str
 ) -> None:
-    """Correct without the updated_at index (issue 25 may drop it), in a schema of its own
-    (the batch statement's table is schema-qualified too)."""
-    schema = f"sweep_noindex_{uuid.uuid4().hex[:8]}"
+    """Correct on a table that still has the updated_at index (made by an earlier version or
+    by the Go library's migration), in a schema of its own (the batch statement's table is
+    schema-qualified too)."""
+    schema = f"sweep_legacy_{uuid.uuid4().hex[:8]}"
     with psycopg.connect(postgres_dsn, autocommit=True) as conn:
         for statement in schema_statements(schema):
             conn.execute(statement.encode())
-        conn.execute(sql.SQL("DROP INDEX {}").format(sql.Identifier(schema, INDEX)))
+        conn.execute(
+            sql.SQL("CREATE INDEX {} ON {} (updated_at)").format(
+                sql.Identifier(LEGACY_INDEX), sql.Identifier(schema, TABLE)
+            )
+        )
     try:
         ids = make_rows(postgres_dsn, KINDS_MIXED, schema)
         async with AsyncPostgresBackend(pool, schema=schema) as backend:

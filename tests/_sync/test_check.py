@@ -21,7 +21,7 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from tests import pg
 from tests.proxy import proxied
-from worklease import CheckReport, ConfigError, check_postgres
+from worklease import CheckReport, ConfigError, PostgresBackend, check_postgres
 
 pytestmark = pytest.mark.postgres
 
@@ -421,6 +421,47 @@ def test_a_missing_schema_fails(empty_database: str) -> None:
     assert report["schema"].status == "fail"
     assert "worklease migrate" in report["schema"].detail
     assert not report.ok
+
+
+@pytest.fixture
+def legacy_database(postgres_server: str) -> Iterator[str]:
+    """A database migrated by an earlier version: the index on updated_at is there."""
+    with pg.fresh_database(postgres_server) as dsn:
+        pg.execute(
+            dsn,
+            "CREATE INDEX idx_worklease_leases_updated_at ON worklease_leases (updated_at); "
+            "ALTER TABLE worklease_leases RESET (fillfactor)",
+        )
+        yield dsn
+
+
+def test_the_index_of_earlier_schemas_is_a_warning_until_migrate_drops_it(
+    legacy_database: str,
+) -> None:
+    pg.execute(
+        legacy_database,
+        "INSERT INTO worklease_leases (work_id, holder_id, expires_at) VALUES ('w', 'h', now())",
+    )
+    report = check_postgres(legacy_database, probe_timeout=2.0)
+    finding = report["schema"]
+    assert finding.status == "warn", finding
+    assert "idx_worklease_leases_updated_at" in finding.detail
+    assert "worklease migrate" in finding.detail
+    assert report.ok, report.findings  # a warning: slower, not broken
+
+    with psycopg.Connection.connect(legacy_database, autocommit=True) as conn:
+        PostgresBackend.apply_schema(conn)
+    indexes = pg.execute(
+        legacy_database,
+        "SELECT indexname FROM pg_indexes WHERE tablename = 'worklease_leases' ORDER BY 1",
+    )
+    assert indexes == [("idx_worklease_leases_members",), ("worklease_leases_pkey",)]
+    assert pg.execute(
+        legacy_database, "SELECT reloptions FROM pg_class WHERE relname = 'worklease_leases'"
+    ) == [(["fillfactor=90"],)]
+    assert pg.execute(legacy_database, "SELECT work_id FROM worklease_leases") == [("w",)]
+    report = check_postgres(legacy_database, probe_timeout=2.0)
+    assert report["schema"].status == "ok", report["schema"]
 
 
 def test_an_outdated_table_fails(empty_database: str) -> None:

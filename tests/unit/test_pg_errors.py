@@ -117,7 +117,9 @@ def test_named_schema_quotes_every_identifier() -> None:
     assert 'CREATE SEQUENCE IF NOT EXISTS "my schema".worklease_fencing_seq;' in text
     assert 'CREATE TABLE IF NOT EXISTS "my schema".worklease_leases (' in text
     assert "DEFAULT nextval('\"my schema\".worklease_fencing_seq')" in text
-    assert 'ON "my schema".worklease_leases (updated_at)' in text
+    assert 'DROP INDEX IF EXISTS "my schema".idx_worklease_leases_updated_at;' in text
+    assert 'ALTER TABLE "my schema".worklease_leases SET (fillfactor = 90);' in text
+    assert 'ON "my schema".worklease_leases (work_id text_pattern_ops)' in text
     assert 'ON "my schema".worklease_leases (work_id text_pattern_ops)' in text
     assert text.index("CREATE SCHEMA") < text.index("CREATE SEQUENCE")
     assert 'FUNCTION "my schema".worklease_fence(' in text
@@ -176,10 +178,20 @@ def test_named_schema_applies_twice_to_a_fresh_database(postgres_server: str, sc
         ).fetchall()
         assert sequences == sorted([("public",), (schema,)])
         indexes = conn.execute(
-            "SELECT schemaname FROM pg_indexes"
-            " WHERE indexname = 'idx_worklease_leases_updated_at' ORDER BY schemaname"
+            "SELECT schemaname, indexname FROM pg_indexes"
+            " WHERE tablename = 'worklease_leases' ORDER BY schemaname, indexname"
         ).fetchall()
-        assert indexes == sorted([("public",), (schema,)])
+        assert indexes == sorted(
+            (where, name)
+            for where in ("public", schema)
+            for name in ("idx_worklease_leases_members", "worklease_leases_pkey")
+        )
+        options = conn.execute(
+            "SELECT n.nspname, c.reloptions FROM pg_class c"
+            " JOIN pg_namespace n ON n.oid = c.relnamespace"
+            " WHERE c.relname = 'worklease_leases' ORDER BY n.nspname"
+        ).fetchall()
+        assert options == sorted([("public", ["fillfactor=90"]), (schema, ["fillfactor=90"])])
         # The named schema's table draws tokens from its own sequence, not public's.
         (public_next,) = conn.execute("SELECT nextval('worklease_fencing_seq')").fetchone() or ()
         assert public_next == 1

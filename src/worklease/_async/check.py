@@ -61,6 +61,7 @@ from .._check import (
     judge_replication,
     judge_timeouts,
     judge_writes,
+    legacy_index,
     listen_deadline,
     load_balance,
     missing_fence,
@@ -77,7 +78,7 @@ from .._check import (
     setting_levels,
 )
 from .._failures import first_line
-from .._pg import FENCE, INDEX, SEQUENCE, TABLE, check_conninfo
+from .._pg import FENCE, LEGACY_INDEX, MEMBERS_INDEX, SEQUENCE, TABLE, check_conninfo
 from ..errors import ConfigError
 from .listener import AsyncReleaseListener
 from .watch import AsyncReleaseHub
@@ -429,13 +430,16 @@ async def _schema(conn: _Conn, schema: str | None) -> CheckFinding:
         found = await _one(conn, b"SELECT to_regclass(%s)::oid", (sequence.as_string(conn),))
         if found is None:
             return missing_sequence()
-        index = sql.Identifier(schema, INDEX) if schema else sql.Identifier(INDEX)
+        index = sql.Identifier(schema, MEMBERS_INDEX) if schema else sql.Identifier(MEMBERS_INDEX)
         if await _one(conn, b"SELECT to_regclass(%s)::oid", (index.as_string(conn),)) is None:
             return missing_index()
         fence = sql.Identifier(schema, FENCE) if schema else sql.Identifier(FENCE)
         signature = fence.as_string(conn) + "(text, bigint)"
         if await _one(conn, b"SELECT to_regprocedure(%s)::oid", (signature,)) is None:
             return missing_fence()
+        legacy = sql.Identifier(schema, LEGACY_INDEX) if schema else sql.Identifier(LEGACY_INDEX)
+        if await _one(conn, b"SELECT to_regclass(%s)::oid", (legacy.as_string(conn),)) is not None:
+            return legacy_index()
     return finding
 
 
