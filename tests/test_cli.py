@@ -107,6 +107,37 @@ def test_migrate_is_idempotent_and_says_what_it_did(postgres_dsn: str) -> None:
         pg.execute(postgres_dsn, f"DROP SCHEMA IF EXISTS {schema} CASCADE")
 
 
+@pytest.mark.postgres
+def test_migrate_upgrades_a_table_of_an_earlier_version(postgres_dsn: str) -> None:
+    """A table with the updated_at index of earlier schemas: migrate drops it, sets the
+    fillfactor, says so, and keeps the rows."""
+    schema = "cli_migrate_legacy"
+    try:
+        assert run("migrate", "--dsn", postgres_dsn, "--schema", schema).returncode == 0
+        pg.execute(
+            postgres_dsn,
+            f"CREATE INDEX idx_worklease_leases_updated_at ON {schema}.worklease_leases "
+            f"(updated_at); ALTER TABLE {schema}.worklease_leases RESET (fillfactor); "
+            f"INSERT INTO {schema}.worklease_leases (work_id, holder_id, expires_at) "
+            "VALUES ('kept', 'h', now())",
+        )
+        result = run("migrate", "--dsn", postgres_dsn, "--schema", schema)
+        assert result.returncode == 0, result.stderr
+        assert "dropped the idx_worklease_leases_updated_at index" in result.stdout
+        assert pg.execute(
+            postgres_dsn,
+            "SELECT indexname FROM pg_indexes WHERE schemaname = %s ORDER BY 1",
+            (schema,),
+        ) == [("idx_worklease_leases_members",), ("worklease_leases_pkey",)]
+        assert pg.execute(postgres_dsn, f"SELECT work_id FROM {schema}.worklease_leases") == [
+            ("kept",)
+        ]
+        again = run("migrate", "--dsn", postgres_dsn, "--schema", schema)
+        assert "already present" in again.stdout
+    finally:
+        pg.execute(postgres_dsn, f"DROP SCHEMA IF EXISTS {schema} CASCADE")
+
+
 def test_migrate_unreachable_database_is_one_line() -> None:
     result = run("migrate", "--dsn", "host=127.0.0.1 port=1 user=postgres connect_timeout=3")
     assert result.returncode == 1

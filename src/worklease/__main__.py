@@ -30,6 +30,7 @@ from ._duration import format_duration, glob_to_regex, parse_duration
 from ._failures import first_line
 from ._models import Checkpoint, Token
 from ._pg import (
+    LEGACY_INDEX,
     TABLE,
     Rows,
     Statements,
@@ -76,7 +77,12 @@ def _schema(args: argparse.Namespace) -> None:
 
 
 def _table_exists(conn: psycopg.Connection[tuple[object, ...]], schema: str | None) -> bool:
-    name = sql.Identifier(schema, TABLE) if schema else sql.Identifier(TABLE)
+    return _exists(conn, schema, TABLE)
+
+
+def _exists(conn: psycopg.Connection[tuple[object, ...]], schema: str | None, name: str) -> bool:
+    """Whether the relation ``name`` exists (in ``schema``, else on the search path)."""
+    name = sql.Identifier(schema, name) if schema else sql.Identifier(name)
     row = conn.execute(
         sql.SQL("SELECT to_regclass({})").format(sql.Literal(name.as_string(conn)))
     ).fetchone()
@@ -127,9 +133,16 @@ def _migrate(args: argparse.Namespace) -> None:
     try:
         with psycopg.connect(args.dsn, autocommit=True, connect_timeout=10) as conn:
             existed = _table_exists(conn, schema)
+            legacy = existed and _exists(conn, schema, LEGACY_INDEX)
             PostgresBackend.apply_schema(conn, schema=schema)
             where = f"schema {schema!r}" if schema else "the search path's first schema"
-            if existed:
+            if legacy:
+                print(
+                    f"upgraded the worklease schema in {where}: dropped the {LEGACY_INDEX} "
+                    "index of earlier versions (lease writes can now be HOT updates), "
+                    "fillfactor 90"
+                )
+            elif existed:
                 print(f"worklease schema already present in {where}; nothing to do")
             else:
                 print(f"created the worklease table, sequence and index in {where}")
