@@ -82,9 +82,9 @@ def _table_exists(conn: psycopg.Connection[tuple[object, ...]], schema: str | No
 
 def _exists(conn: psycopg.Connection[tuple[object, ...]], schema: str | None, name: str) -> bool:
     """Whether the relation ``name`` exists (in ``schema``, else on the search path)."""
-    name = sql.Identifier(schema, name) if schema else sql.Identifier(name)
+    relation = sql.Identifier(schema, name) if schema else sql.Identifier(name)
     row = conn.execute(
-        sql.SQL("SELECT to_regclass({})").format(sql.Literal(name.as_string(conn)))
+        sql.SQL("SELECT to_regclass({})").format(sql.Literal(relation.as_string(conn)))
     ).fetchone()
     return row is not None and row[0] is not None
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from typing import TypeVar
 
-__all__ = ["BATCH_CHUNK", "chunks"]
+__all__ = ["BATCH_CHUNK", "chunks", "write_lanes"]
 
 BATCH_CHUNK = 1_000
 """Work IDs per batch statement: about 25 ms of server time per chunk on PostgreSQL for a
@@ -36,3 +36,12 @@ def chunks(items: Sequence[_T], size: int | None = None) -> Iterator[Sequence[_T
         return
     for start in range(0, len(items), size):
         yield items[start : start + size]
+
+
+def write_lanes(backend: object) -> int | None:
+    """How many writes ``backend`` runs at once, when it says (its ``write_lanes``: the
+    PostgreSQL backend's application pool size); ``None`` otherwise."""
+    lanes = getattr(backend, "write_lanes", None)
+    if isinstance(lanes, int) and not isinstance(lanes, bool) and lanes >= 1:
+        return lanes
+    return None

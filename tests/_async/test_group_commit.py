@@ -4,9 +4,11 @@ A gate holds the first (lone) write in flight until every other caller has queue
 the next round must then be one batch call carrying all of them, each caller getting its own
 outcome. Runs on every backend kind (memory, PostgreSQL, PgBouncer, etcd).
 
-The lease lets two rounds be in flight; most tests here pin one (``one_round``) so that a
-single gate decides who queues, and ``test_the_lease_keeps_two_rounds_in_flight`` checks the
-default.
+The lease lets two rounds be in flight, and as many lone checkpoints as the backend has lanes
+(``write_lanes``: the PostgreSQL pool's size); most tests here pin one of each (``one_round``,
+``Gated.write_lanes``) so that a single gate decides who queues.
+``test_the_lease_keeps_two_rounds_in_flight`` checks the default rounds,
+``test_checkpoints_go_alone_while_the_backend_has_free_lanes`` the lanes.
 """
 
 from __future__ import annotations
@@ -45,7 +47,10 @@ def one_round(monkeypatch: pytest.MonkeyPatch) -> None:
 
 class Gated:
     """Delegates to a backend, records the write calls, and can hold the next lone write
-    (``gate``) until the test opens it."""
+    (``gate``) until the test opens it. It says it runs one write at a time
+    (``write_lanes``), so that a gate decides who queues whatever the backend's pool size."""
+
+    write_lanes: int | None = 1
 
     def __init__(self, inner: AsyncBackend) -> None:
         self._inner = inner
@@ -191,6 +196,61 @@ async def test_the_lease_keeps_two_rounds_in_flight(
     assert any(name == "checkpoint_many" for name, _ in later)
     written = [w for _, ids in later for w in (ids if isinstance(ids, list) else [ids])]
     assert sorted(written) == [f"g{i}" for i in range(2, CALLERS)]
+    for i, token in enumerate(tokens):
+        assert (await lease.read_checkpoint(token)).state == f"state {i}".encode()
+
+
+async def test_checkpoints_go_alone_while_the_backend_has_free_lanes(
+    backend: AsyncBackend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With four lanes, four callers write alone at once (as four hand-written statements on
+    four free connections would); the callers arriving while all four are out queue, and the
+    queue goes in batch rounds, at most two of them in flight."""
+    monkeypatch.setattr(group_module, "_ROUNDS", DEFAULT_ROUNDS)
+    lanes = 4
+    callers = 12
+    held: list[str] = []
+    all_held = AEvent()
+    gate = AEvent()
+
+    class FourLanes(Gated):
+        write_lanes = lanes
+
+        async def checkpoint(self, token: Token, state: Any, ttl: float) -> None:
+            held.append(token.work_id)
+            if len(held) == lanes:
+                all_held.set_threadsafe()
+            if len(held) <= lanes:
+                assert await gate.wait_timeout(PROMPT), "the test never opened the gate"
+            await super().checkpoint(token, state, ttl)
+
+    gated = FourLanes(backend)
+    lease = AsyncLease(gated, holder_id="h", ttl=30.0)
+    tokens = [await lease.acquire(f"g{i}") for i in range(callers)]
+
+    async def run(index: int) -> object:
+        if index < lanes:
+            await lease.checkpoint(tokens[index], f"state {index}".encode())
+        elif index < callers:
+            assert await all_held.wait_timeout(PROMPT)
+            await lease.checkpoint(tokens[index], f"state {index}".encode())
+        else:  # the opener
+            assert await all_held.wait_timeout(PROMPT)
+            await _until(lambda: len(queued(lease, "checkpoints")) == callers - lanes)
+            gate.set_threadsafe()
+        return None
+
+    results = await aspawn_all(run, callers + 1)
+    assert results == [None] * (callers + 1)
+    alone = [f"g{i}" for i in range(lanes)]
+    assert sorted(held[:lanes]) == alone  # all four out at once, none queued
+    later = [call for call in rounds(gated) if call[1] not in alone]
+    # The eight queued go in the rounds led by the first two callers woken as lanes free (at
+    # most two in flight): one or two calls, one of them a batch, each work ID written once.
+    assert 1 <= len(later) <= 2
+    assert any(name == "checkpoint_many" for name, _ in later)
+    written = [w for _, ids in later for w in (ids if isinstance(ids, list) else [ids])]
+    assert sorted(written) == sorted(f"g{i}" for i in range(lanes, callers))
     for i, token in enumerate(tokens):
         assert (await lease.read_checkpoint(token)).state == f"state {i}".encode()
 

@@ -365,6 +365,19 @@ async def test_custom_schema_is_quoted_and_used(
     pg.execute(postgres_dsn, 'DROP SCHEMA "Team ""Leases""" CASCADE')
 
 
+async def test_write_lanes_are_the_application_pools_size(
+    pool: AsyncConnectionPool[Any],
+) -> None:
+    """What group commit reads to let checkpoints go alone (one per free connection)."""
+    backend = AsyncPostgresBackend(pool, listen=False)
+    assert backend.write_lanes == pool.max_size
+    await pool.resize(pool.min_size, pool.max_size + 1)
+    try:
+        assert backend.write_lanes == pool.max_size  # read at every call: a resize counts
+    finally:
+        await pool.resize(pool.min_size, pool.max_size - 1)
+
+
 async def test_construction_errors(pool: AsyncConnectionPool[Any]) -> None:
     """A missing pool or a bad schema name is a configuration error."""
     with pytest.raises(BackendRequiredError):

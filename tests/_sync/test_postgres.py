@@ -358,6 +358,19 @@ def test_custom_schema_is_quoted_and_used(pool: ConnectionPool[Any], postgres_ds
     pg.execute(postgres_dsn, 'DROP SCHEMA "Team ""Leases""" CASCADE')
 
 
+def test_write_lanes_are_the_application_pools_size(
+    pool: ConnectionPool[Any],
+) -> None:
+    """What group commit reads to let checkpoints go alone (one per free connection)."""
+    backend = PostgresBackend(pool, listen=False)
+    assert backend.write_lanes == pool.max_size
+    pool.resize(pool.min_size, pool.max_size + 1)
+    try:
+        assert backend.write_lanes == pool.max_size  # read at every call: a resize counts
+    finally:
+        pool.resize(pool.min_size, pool.max_size - 1)
+
+
 def test_construction_errors(pool: ConnectionPool[Any]) -> None:
     """A missing pool or a bad schema name is a configuration error."""
     with pytest.raises(BackendRequiredError):

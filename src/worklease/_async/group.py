@@ -1,12 +1,17 @@
 """Group commit: concurrent writes through one lease object share one statement per round.
 
-Leader and followers, no timer. A caller that finds a round free (two may be in flight: one
-on the wire while the next gathers) leads one at once with its own write alone (the
-single-item call: a lone caller pays nothing for the grouping). Callers that arrive while
-every round is taken queue up. When a round ends, its leader wakes the first caller queued,
-which leads the next round with everybody queued by then, in one batch call
-(``checkpoint_many``): N callers waiting behind one statement share the next one.
-Each caller gets its own outcome, and returns only when the round holding its write is over.
+Leader and followers, no timer. A caller that finds a free lane while nobody queues sends its
+own write alone at once, through the single-item call: callers that find connections free
+pay nothing for the grouping and run side by side, as many as the backend runs at once
+(``lanes``: the PostgreSQL backend's pool size). A caller that arrives while every lane is
+taken queues, and so does every caller after it until the queue is gone: when a write or
+round ends, the first caller queued is woken to lead the next round with everybody queued by
+then, in one batch call (``checkpoint_many``), and callers keep queueing while such a round
+is in flight. At most ``rounds`` (2) of them are in flight at once, one on the wire while the
+next gathers, so a queue is batched into a few large statements rather than split over every
+lane (on a server short of CPU, rows in one statement cost far less than the same rows
+alone). Each caller gets its own outcome, and returns only when the write or round holding
+its item is over.
 
 A batch round runs shielded from its leader's cancellation, so a leader given up on never
 leaves its followers without an answer (its own write's outcome is then unknown, as for any
@@ -16,6 +21,7 @@ waits for the next round, so writes to one lease keep their order.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Generic, TypeVar
 
 from .._acompat import AEvent, ThreadLock, ashielded
@@ -30,10 +36,11 @@ T = TypeVar("T")
 _ROUND_LIMIT = 500
 """Most writes one round sends (one statement's arrays stay small)."""
 _ROUNDS = 2
-"""How many rounds may be in flight at once by default (ADR-0012): one on the wire while the
-next gathers its callers. Measured against 1 and 8 in paired runs on a 2-core machine
-shared with the server: 2 gains 15 to 45 % at 8 concurrent callers and loses nothing at 32
-and 128; 8 rounds split the batches and cost throughput at 32."""
+"""How many rounds led by a woken caller (batches) may be in flight at once by default
+(ADR-0012): one on the wire while the next gathers its callers. Before lanes, measured against
+1 and 8 in paired runs on a 2-core machine shared with the server: 2 gained 15 to 45 % at 8
+concurrent callers and lost nothing at 32 and 128; 8 rounds split the batches and cost
+throughput at 32."""
 
 
 class _Entry(Generic[T]):
@@ -52,9 +59,13 @@ class AsyncGroupCommit(Generic[T]):
     """Groups concurrent calls of one kind: ``submit(item, key, deadline)`` returns once the
     item is written (or raises its own error). ``one(item)`` writes a lone item;
     ``many(items)`` writes a round of several (distinct keys) and returns each one's error or
-    ``None``; a round is bounded by its latest ``deadline`` (monotonic; ``None``: none). Up
-    to ``rounds`` rounds (default ``_ROUNDS``, read when the group is made) are in flight at
-    once, on as many connections; a work ID is in at most one of them."""
+    ``None``; a round is bounded by its latest ``deadline`` (monotonic; ``None``: none).
+
+    ``lanes()`` says how many writes the backend runs at once (read at every call; ``None``
+    or no ``lanes``: ``rounds``). Up to that many lone items are in flight while nobody
+    queues; once callers queue, they go in rounds led by a queued caller, at most ``rounds``
+    (default ``_ROUNDS``, read when the group is made) in flight, and new callers join the
+    queue until no round is left. A work ID is in at most one write in flight."""
 
     def __init__(
         self,
@@ -64,50 +75,68 @@ class AsyncGroupCommit(Generic[T]):
         operation: str,
         rounds: int | None = None,
         limit: int = _ROUND_LIMIT,
+        lanes: Callable[[], int | None] | None = None,
     ) -> None:
         self._one = one
         self._many = many
         self._operation = operation
         self._rounds = _ROUNDS if rounds is None else rounds
         self._limit = limit
+        self._lanes = lanes
         self._lock = ThreadLock()
         self._queue: list[_Entry[T]] = []
-        self._in_flight = 0
-        self._keys: set[str] = set()  # the work IDs of the rounds in flight
+        self._in_flight = 0  # lone writes and rounds
+        self._leading = 0  # of them, the rounds led by a woken caller
+        self._keys: set[str] = set()  # the work IDs of the writes in flight
+
+    def _width(self) -> int:
+        """How many writes may be in flight at once: the backend's lanes, at least
+        ``rounds``."""
+        lanes = self._lanes() if self._lanes is not None else None
+        return self._rounds if lanes is None else max(lanes, self._rounds)
 
     async def submit(self, item: T, key: str, deadline: float | None) -> None:
         entry: _Entry[T] | None = None
+        width = self._width()
         with self._lock:
-            if self._in_flight < self._rounds and not self._queue and key not in self._keys:
-                self._in_flight += 1
+            if (
+                self._in_flight < width
+                and not self._leading
+                and not self._queue
+                and key not in self._keys
+            ):
+                self._in_flight += 1  # a free lane, no queue: alone, at once
                 self._keys.add(key)
             else:
                 entry = _Entry(item, key, deadline)
                 self._queue.append(entry)
-        if entry is not None:
-            try:
-                await entry.done.wait()
-            except BaseException:  # given up on while queued (a cancellation)
-                with self._lock:
-                    if entry in self._queue:  # not taken yet: it never happens
-                        self._queue.remove(entry)
-                        raise
-                if entry.lead:  # woken to lead just then: pass that on
-                    self._end_round([key])
-                raise
-            if not entry.lead:
-                if entry.error is not None:
-                    raise entry.error
-                return
-        joining = self._take()
-        if not joining:  # alone: the single-item call, nothing added
+        if entry is None:
             try:
                 await self._one(item)
             finally:
-                self._end_round([key])
+                self._end_round([key], led=False)
             return
-        if entry is None:
-            entry = _Entry(item, key, deadline)
+        try:
+            await entry.done.wait()
+        except BaseException:  # given up on while queued (a cancellation)
+            with self._lock:
+                if entry in self._queue:  # not taken yet: it never happens
+                    self._queue.remove(entry)
+                    raise
+            if entry.lead:  # woken to lead just then: pass that on
+                self._end_round([key], led=True)
+            raise
+        if not entry.lead:
+            if entry.error is not None:
+                raise entry.error
+            return
+        joining = self._take()
+        if not joining:  # nobody else queued: the single-item call, nothing added
+            try:
+                await self._one(item)
+            finally:
+                self._end_round([key], led=True)
+            return
         await ashielded(self._round, [entry, *joining])
         if entry.error is not None:
             raise entry.error
@@ -157,17 +186,25 @@ class AsyncGroupCommit(Generic[T]):
                 entry.error = outcome
                 entry.done.set_threadsafe()
         finally:
-            self._end_round([entry.key for entry in batch])
+            self._end_round([entry.key for entry in batch], led=True)
 
-    def _end_round(self, keys: list[str]) -> None:
-        """A round is over: wake queued callers to lead the next rounds, as many as may be
-        in flight, each with a work ID no round in flight has."""
+    def _end_round(self, keys: list[str], *, led: bool) -> None:
+        """A write or round is over (``led``: a round led by a woken caller): wake queued
+        callers to lead the next rounds, as many as may be in flight, each with a work ID no
+        write in flight has."""
         woken: list[_Entry[T]] = []
+        width = self._width()
         with self._lock:
             self._keys.difference_update(keys)
             self._in_flight -= 1
+            if led:
+                self._leading -= 1
             index = 0
-            while self._in_flight < self._rounds and index < len(self._queue):
+            while (
+                self._leading < self._rounds
+                and self._in_flight < width
+                and index < len(self._queue)
+            ):
                 entry = self._queue[index]
                 if entry.key in self._keys:
                     index += 1
@@ -175,6 +212,7 @@ class AsyncGroupCommit(Generic[T]):
                 del self._queue[index]
                 entry.lead = True
                 self._in_flight += 1
+                self._leading += 1
                 self._keys.add(entry.key)
                 woken.append(entry)
         for entry in woken:

@@ -158,6 +158,13 @@ class AsyncPostgresBackend:
         self._hub = AsyncReleaseHub()
         self._listener: AsyncReleaseListener | None = None
 
+    @property
+    def write_lanes(self) -> int:
+        """How many writes this backend runs at once: the application pool's ``max_size``.
+        A lease's concurrent checkpoints go alone while fewer are in flight; only callers
+        beyond it are grouped into one statement (group commit)."""
+        return self._pool.max_size
+
     @classmethod
     def connect(
         cls,

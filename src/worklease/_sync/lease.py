@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 
 from .._acompat import bounded, sleep, within
-from .._batching import chunks
+from .._batching import chunks, write_lanes
 from .._deadline import bounded_by
 from .._fairshare import PoolSurvey
 from .._models import Checkpoint, ExitMode, Token
@@ -96,8 +96,13 @@ class Lease:
         capabilities = self._capabilities
         self._checkpoints: GroupCommit[tuple[Token, bytes | None]] | None = None
         if capabilities.checkpoint_many is not None:
+            # Checkpoints go alone while the backend has a free lane (its pool's size), so
+            # callers that find connections free run side by side; only a queue is grouped.
             self._checkpoints = GroupCommit(
-                self._checkpoint_one, self._checkpoint_many, operation="checkpoint"
+                self._checkpoint_one,
+                self._checkpoint_many,
+                operation="checkpoint",
+                lanes=lambda: write_lanes(backend),
             )
         self._renews: GroupCommit[Token] | None = None
         if capabilities.renew_many is not None:
