@@ -92,7 +92,8 @@ def tests(session: nox.Session) -> None:
 def bench(session: nox.Session) -> None:
     """Lease operations vs the hand-written PostgreSQL floor, then handoff latency,
     transactional steps, checkpoint throughput under concurrency (group commit), HOT updates,
-    a sweep of 200,000 rows beside an acquire and a live holder, and etcd ->
+    a sweep of 200,000 rows beside an acquire and a live holder, etcd, and the memory backend
+    from 1,000 to 100,000 held leases ->
     benchmarks/results/ (not a default session). Arguments go to bench_ops.py:
     nox -s bench -- --iterations 500 --dsn DSN."""
     session.install("-e", ".[bench]", *group("test"))
@@ -109,6 +110,7 @@ def bench(session: nox.Session) -> None:
         "--state-bytes", "256",
     )  # fmt: skip
     session.run("python", "benchmarks/bench_etcd.py", *dsn)
+    session.run("python", "benchmarks/bench_memory_scale.py")
 
 
 @nox.session(name="bench-scale", python=GEN_PYTHON)
