@@ -73,8 +73,16 @@ _SINGLE: dict[bytes, bytes] = {}
 """Each composed statement's text without the isolation pin: what the prepared path sends."""
 
 
+_ARRAY_PARAMETER = re.compile(rb"%\((\w+)\)s(::\w+\[\])")
+"""A parameter cast to an array type (the batch statements' inputs)."""
+
+
 def _register_single(pinned: bytes, single: bytes) -> bytes:
-    _SINGLE[pinned] = single
+    # On the extended protocol the arrays go in binary: psycopg's text form quotes and
+    # escapes every element in Python (for 32 checkpoint states of 256 bytes, about 220 us of
+    # client CPU per statement, against 8 us in binary). The simple-query text keeps %s: a
+    # client-side cursor binds no binary parameters.
+    _SINGLE[pinned] = _ARRAY_PARAMETER.sub(rb"%(\1)b\2", single)
     return pinned
 
 

@@ -195,3 +195,25 @@ def test_named_schema_applies_twice_to_a_fresh_database(postgres_server: str, sc
         # The named schema's table draws tokens from its own sequence, not public's.
         (public_next,) = conn.execute("SELECT nextval('worklease_fencing_seq')").fetchone() or ()
         assert public_next == 1
+
+
+def test_batch_statements_send_their_arrays_in_binary_on_the_extended_protocol() -> None:
+    """psycopg's text form escapes every array element in Python; the prepared text binds
+    the arrays in binary, the simple-query text (a client-side cursor) keeps %s."""
+    from worklease._pg import Statements, single_statement
+
+    statements = Statements(None)
+    for name in ("checkpoint_many", "renew_many", "release_many", "acquire_many"):
+        simple = getattr(statements, name)
+        single = single_statement(simple)
+        assert single is not None, name
+        assert b"%(work_ids)b::text[]" in single, name
+        assert b"%(work_ids)s::text[]" in simple, name
+        assert b"s::" not in single.replace(b"%(ttl)s", b"").replace(b"%(mode)s", b""), name
+    single = single_statement(statements.checkpoint_many)
+    assert single is not None
+    assert b"%(states)b::bytea[]" in single
+    # Scalar parameters stay as they were.
+    checkpoint = single_statement(statements.checkpoint)
+    assert checkpoint is not None
+    assert b"%(state)s" in checkpoint
