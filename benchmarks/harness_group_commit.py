@@ -1,0 +1,115 @@
+#!/usr/bin/env python
+"""The small group-commit harness of issue 25, to set beside ``bench_concurrency.py``.
+
+One ``AsyncConnectionPool(min_size=max_size=8, kwargs={"autocommit": True})``, one
+``AsyncPostgresBackend``, one ``AsyncLease``; C tasks each checkpoint their own work ID with a
+256-byte state in a loop, in 3 s blocks alternating with the hand-written token-guarded UPDATE
+on the same pool (``pool.connection()`` and ``conn.execute`` with psycopg's defaults). It
+prints, per C, the median checkpoints/s of each side over the blocks and their ratio.
+
+``--uvloop`` runs it on uvloop (when installed). The work IDs are fresh per run; the table is
+the one on the search path of ``--dsn`` (``worklease migrate`` first). It only reports.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import importlib
+import os
+import statistics
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from datetime import timedelta
+from typing import Any
+
+from psycopg_pool import AsyncConnectionPool
+
+from worklease import AsyncLease, AsyncPostgresBackend, ExitMode
+
+HAND = b"""UPDATE worklease_leases
+SET checkpoint = %(state)s, expires_at = now() + %(ttl)s
+WHERE work_id = %(work_id)s AND fencing_token = %(token)s AND exit_mode IS NULL
+RETURNING true"""
+
+
+async def block(count: int, seconds: float, step: Callable[[int], Awaitable[None]]) -> float:
+    stop = False
+    done = 0
+
+    async def loop(index: int) -> None:
+        nonlocal done
+        while not stop:
+            await step(index)
+            done += 1
+
+    tasks = [asyncio.create_task(loop(i)) for i in range(count)]
+    began = time.perf_counter()
+    await asyncio.sleep(seconds)
+    stop = True
+    await asyncio.gather(*tasks)
+    return done / (time.perf_counter() - began)
+
+
+async def run(dsn: str, concurrency: int, blocks: int, seconds: float) -> None:
+    async with AsyncConnectionPool(
+        dsn, min_size=8, max_size=8, kwargs={"autocommit": True}
+    ) as pool:
+        backend = AsyncPostgresBackend(pool)
+        lease = AsyncLease(backend, holder_id="harness", ttl=60)
+        state = os.urandom(256)
+        run_id = uuid.uuid4().hex[:8]
+        ours = [await lease.acquire(f"harness/{run_id}/o/{i}") for i in range(concurrency)]
+        hand = [await lease.acquire(f"harness/{run_id}/h/{i}") for i in range(concurrency)]
+        ttl = timedelta(seconds=60)
+        params: list[dict[str, Any]] = [
+            {"work_id": t.work_id, "token": t.fencing_token, "state": state, "ttl": ttl}
+            for t in hand
+        ]
+
+        async def ours_step(index: int) -> None:
+            await lease.checkpoint(ours[index], state)
+
+        async def hand_step(index: int) -> None:
+            async with pool.connection() as conn:
+                cursor = await conn.execute(HAND, params[index])
+                if not await cursor.fetchall():
+                    raise RuntimeError("the hand-written checkpoint matched no row")
+
+        rates: dict[str, list[float]] = {"worklease": [], "hand": []}
+        for index in range(blocks):
+            order = ("worklease", "hand") if index % 2 == 0 else ("hand", "worklease")
+            for side in order:
+                step = ours_step if side == "worklease" else hand_step
+                rates[side].append(await block(concurrency, seconds, step))
+        mine, theirs = statistics.median(rates["worklease"]), statistics.median(rates["hand"])
+        print(
+            f"C={concurrency}: worklease {mine:,.0f}/s, hand-written {theirs:,.0f}/s, "
+            f"ratio {mine / theirs:.2f}",
+            flush=True,
+        )
+        for token in (*ours, *hand):
+            await lease.release(token, ExitMode.FINISHED)
+        await backend.close()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument(
+        "--dsn", default=os.environ.get("WORKLEASE_TEST_DSN", "host=127.0.0.1 user=postgres")
+    )
+    parser.add_argument("--concurrency", type=int, nargs="+", default=[8, 32, 128])
+    parser.add_argument("--blocks", type=int, default=4, help="blocks per side")
+    parser.add_argument("--seconds", type=float, default=3.0, help="per block")
+    parser.add_argument("--uvloop", action="store_true")
+    args = parser.parse_args()
+    runner: Callable[[Any], Any] = asyncio.run
+    if args.uvloop:
+        runner = importlib.import_module("uvloop").run  # optional: not a dependency
+    for concurrency in args.concurrency:
+        runner(run(args.dsn, concurrency, args.blocks, args.seconds))
+
+
+if __name__ == "__main__":
+    main()
