@@ -263,7 +263,7 @@ def test_bench_concurrency_writes_every_row(postgres_dsn: str, tmp_path: Path) -
         (f, c, s)
         for f in ("sync", "async")
         for c in (1, 4)
-        for s in ("worklease", "no_group", "hand")
+        for s in ("worklease", "two_rounds", "no_group", "hand")
     }
     for run in runs.values():
         assert run["calls"] > 0
