@@ -3,18 +3,26 @@
 
 For every lease operation (acquire, read_checkpoint, checkpoint, renew, release), acquire +
 release, and a full Runner cycle (acquire, read, checkpoint, release), in the sync and the
-asyncio flavour, this measures four sides on connections of one pool, in autocommit mode:
+asyncio flavour, this measures five sides on connections of one pool, in autocommit mode:
 
 - worklease as it ships (``prepare=True``: prepared statements);
 - worklease in its PgBouncer-compatible mode (``prepare=False``: simple protocol);
 - **the floor**: what a user writes by hand: a plain upsert / select / guarded update on the
   same table, sent with ``conn.execute`` and psycopg's defaults (server-side parameters, a
   plan prepared after five executions);
+- **the same-effect floor**: what a careful user writes by hand for the same effect as
+  worklease's statements, on the same table and with the same psycopg defaults: the upsert
+  also issues the timeline token (the WAL timeline in the high bits, never less than the
+  row's token + 1) and records the previous holder and its exit, every write sets
+  ``updated_at`` and is guarded by the holder too, and the release notifies waiters;
 - the same-text floor: the very statement worklease's simple mode sends (same SQL text, same
   parameters) through a plain ``ClientCursor``, so the protocol's cost is visible.
 
 The sides alternate in blocks (the order rotates) so that drift (other load on the machine,
-cache warm-up, autovacuum) hits all alike. Ratios divide by the floor. It also measures
+cache warm-up, autovacuum) hits all alike. Ratios divide by the floor, and by the
+same-effect floor beside it (acquire, acquire + release and the Runner cycle are bounded
+against the same-effect floor, and acquire and acquire + release against the plain floor
+too; the other operations against the plain floor). It also measures
 acquire + release with ``pals`` (PostgreSQL advisory locks, which write nothing durable) when
 that is installed, as a reference row without a target, and the in-memory backend's cost per
 operation.
@@ -73,12 +81,21 @@ ACQUIRE_RELEASE = "acquire+release"
 RUNNER = "runner cycle"
 PALS = "acquire+release vs pals"
 FLAVOURS = ("sync", "async")
-TARGETS: dict[str, float | None] = {
-    **dict.fromkeys(OPERATIONS, 1.10),
-    ACQUIRE_RELEASE: 1.10,
-    RUNNER: 1.15,
-    PALS: None,  # a reference: advisory locks write nothing durable
+BOUNDS: dict[str, tuple[float | None, float | None]] = {
+    # operation: (bound on the ratio to the same-effect floor, bound on the ratio to the plain
+    # floor); None: no bound on that side.
+    **dict.fromkeys(OPERATIONS, (None, 1.10)),
+    "acquire": (1.10, 1.20),
+    ACQUIRE_RELEASE: (1.10, 1.20),
+    RUNNER: (1.15, None),
+    PALS: (None, None),  # a reference: advisory locks write nothing durable
 }
+TARGETS: dict[str, float | None] = {operation: plain for operation, (_, plain) in BOUNDS.items()}
+"""The bound on the ratio to the plain floor, per operation."""
+SAME_EFFECT_TARGETS: dict[str, float | None] = {
+    operation: effect for operation, (effect, _) in BOUNDS.items()
+}
+"""The bound on the ratio to the same-effect floor, per operation."""
 ORDER = (*OPERATIONS, ACQUIRE_RELEASE, RUNNER, PALS)
 # The statements a Runner cycle needs (issue 7): an acquire that returns the prior checkpoint,
 # so the read right after it costs nothing, then the final checkpoint and the release.
@@ -130,15 +147,17 @@ class Stats:
 
 @dataclass
 class Comparison:
-    """One table row: worklease (both modes) against the hand-written floor and the
-    same-text floor, or against pals."""
+    """One table row: worklease (both modes) against the hand-written floor, the
+    same-effect floor and the same-text floor, or against pals."""
 
     operation: str
     flavour: str
     baseline: str
     target: float | None
+    same_effect_target: float | None = None
     worklease: Stats | None = None
     floor: Stats | None = None
+    same_effect: Stats | None = None
     simple_mode: Stats | None = None
     same_text: Stats | None = None
     note: str = ""
@@ -149,13 +168,33 @@ class Comparison:
         return _ratio(self.worklease, self.floor)
 
     @property
+    def same_effect_ratio(self) -> float | None:
+        return _ratio(self.worklease, self.same_effect)
+
+    @property
     def simple_mode_ratio(self) -> float | None:
         return _ratio(self.simple_mode, self.floor)
 
+    def verdicts(self) -> dict[str, bool]:
+        """Per bound that applies and was measured ("same effect", "floor"): whether met."""
+        out: dict[str, bool] = {}
+        for name, ratio, bound in (
+            ("same effect", self.same_effect_ratio, self.same_effect_target),
+            ("floor", self.ratio, self.target),
+        ):
+            if ratio is not None and bound is not None:
+                out[name] = ratio <= bound
+        return out
+
     @property
     def passed(self) -> bool | None:
-        ratio = self.ratio
-        return None if ratio is None or self.target is None else ratio <= self.target
+        verdicts = self.verdicts()
+        return all(verdicts.values()) if verdicts else None
+
+    @property
+    def failed(self) -> list[str]:
+        """The bounds missed ("same effect", "floor")."""
+        return [name for name, met in self.verdicts().items() if not met]
 
 
 def _ratio(ours: Stats | None, floor: Stats | None) -> float | None:
@@ -275,7 +314,7 @@ def atimed(fn: Callable[[], Awaitable[object]]) -> AStep:
     return step
 
 
-SIDES = ("worklease", "simple_mode", "floor", "same_text")
+SIDES = ("worklease", "simple_mode", "floor", "same_effect", "same_text")
 
 
 def comparison(
@@ -287,7 +326,11 @@ def comparison(
 ) -> Comparison:
     """A row from the timings of ``SIDES`` (in that order), or of worklease and pals."""
     row = Comparison(
-        operation=operation, flavour=flavour, baseline=baseline, target=TARGETS[operation]
+        operation=operation,
+        flavour=flavour,
+        baseline=baseline,
+        target=TARGETS[operation],
+        same_effect_target=SAME_EFFECT_TARGETS[operation] if baseline != "pals" else None,
     )
     names = SIDES if len(samples) == len(SIDES) else ("worklease", "floor")
     for name, series in zip(names, samples, strict=True):
@@ -350,6 +393,45 @@ RETURNING true""",
             release=b"""UPDATE worklease_leases SET exit_mode = %(mode)s, expires_at = now()
 WHERE work_id = %(work_id)s AND fencing_token = %(token)s AND expires_at > now()
 RETURNING true""",
+        )
+
+    @classmethod
+    def same_effect(cls) -> Texts:
+        """What a careful user writes by hand for the same effect as worklease's statements,
+        on the same table: the upsert issues the timeline token (the WAL timeline in the high
+        bits, never less than the row's token + 1) and records the previous holder and its
+        exit; every write sets ``updated_at`` and is guarded by the holder as well as the
+        token; the release notifies waiters. No transaction pin, no read of the holder when
+        not granted, no ``current_schema()``: one plain statement per operation."""
+        return cls(
+            acquire=b"""INSERT INTO worklease_leases AS l
+    (work_id, holder_id, expires_at, fencing_token)
+VALUES (%(work_id)s, %(holder_id)s, now() + %(ttl)s,
+    ((('x' || left(pg_walfile_name(pg_current_wal_lsn()), 8))::bit(32)::bigint << 40)
+        + nextval('worklease_fencing_seq')))
+ON CONFLICT (work_id) DO UPDATE SET holder_id = EXCLUDED.holder_id,
+    fencing_token = GREATEST(EXCLUDED.fencing_token, l.fencing_token + 1),
+    expires_at = EXCLUDED.expires_at, exit_mode = NULL,
+    prev_exit_mode = COALESCE(l.exit_mode, 'expired'), prev_holder_id = l.holder_id,
+    updated_at = now()
+WHERE l.expires_at < now()
+RETURNING true, fencing_token, prev_exit_mode, prev_holder_id""",
+            read_checkpoint=b"""SELECT fencing_token, checkpoint, prev_exit_mode, prev_holder_id
+FROM worklease_leases WHERE work_id = %(work_id)s""",
+            checkpoint=b"""UPDATE worklease_leases
+SET checkpoint = %(state)s, expires_at = now() + %(ttl)s, updated_at = now()
+WHERE work_id = %(work_id)s AND holder_id = %(holder_id)s AND fencing_token = %(token)s
+    AND exit_mode IS NULL
+RETURNING true""",
+            renew=b"""UPDATE worklease_leases SET expires_at = now() + %(ttl)s, updated_at = now()
+WHERE work_id = %(work_id)s AND holder_id = %(holder_id)s AND fencing_token = %(token)s
+    AND expires_at > now()
+RETURNING true""",
+            release=b"""UPDATE worklease_leases
+SET exit_mode = %(mode)s, expires_at = now() - interval '1 millisecond', updated_at = now()
+WHERE work_id = %(work_id)s AND holder_id = %(holder_id)s AND fencing_token = %(token)s
+    AND expires_at > now()
+RETURNING true, pg_notify('worklease_release', work_id)""",
         )
 
 
@@ -773,6 +855,7 @@ def bench_sync(cfg: Config, dsn: str, report: Report, locker: str | None) -> Non
             texts = Texts.render(backend._statements, renewal, conn)
         params = Params(lease.holder_id, cfg.ttl, cfg.state)
         floor = SyncFloor(pool, renewal_pool, Texts.hand(), params, simple=False)
+        effect = SyncFloor(pool, renewal_pool, Texts.same_effect(), params, simple=False)
         same_text = SyncFloor(pool, renewal_pool, texts, params, simple=True)
 
         for operation in (*OPERATIONS, ACQUIRE_RELEASE, RUNNER):
@@ -789,9 +872,11 @@ def bench_sync(cfg: Config, dsn: str, report: Report, locker: str | None) -> Non
                     cfg.state,
                 ) as simple,
                 floor_step(operation, floor, work_id(flavour, operation, "floor")) as base,
+                floor_step(operation, effect, work_id(flavour, operation, "effect")) as alike,
                 floor_step(operation, same_text, work_id(flavour, operation, "same")) as same,
             ):
-                samples = compare(cfg, iterations_for(cfg, operation), (ours, simple, base, same))
+                steps = (ours, simple, base, alike, same)  # in the order of SIDES
+                samples = compare(cfg, iterations_for(cfg, operation), steps)
             report.comparisons.append(comparison(cfg, operation, flavour, samples))
 
         report.statements_per_runner_cycle[flavour] = {
@@ -799,6 +884,7 @@ def bench_sync(cfg: Config, dsn: str, report: Report, locker: str | None) -> Non
                 pool, lambda: runner.run(work_id(flavour, RUNNER, "worklease"))
             ),
             "floor": len(RUNNER_FLOOR),
+            "same_effect": len(RUNNER_FLOOR),
         }
 
         with pals_locker(locker, dsn) as pals:
@@ -852,6 +938,7 @@ async def bench_async(cfg: Config, dsn: str, report: Report, locker: str | None)
             texts = Texts.render(backend._statements, renewal, conn)
         params = Params(lease.holder_id, cfg.ttl, cfg.state)
         floor = AsyncFloor(pool, renewal_pool, Texts.hand(), params, simple=False)
+        effect = AsyncFloor(pool, renewal_pool, Texts.same_effect(), params, simple=False)
         same_text = AsyncFloor(pool, renewal_pool, texts, params, simple=True)
 
         for operation in (*OPERATIONS, ACQUIRE_RELEASE, RUNNER):
@@ -868,11 +955,11 @@ async def bench_async(cfg: Config, dsn: str, report: Report, locker: str | None)
                     cfg.state,
                 ) as simple,
                 afloor_step(operation, floor, work_id(flavour, operation, "floor")) as base,
+                afloor_step(operation, effect, work_id(flavour, operation, "effect")) as alike,
                 afloor_step(operation, same_text, work_id(flavour, operation, "same")) as same,
             ):
-                samples = await acompare(
-                    cfg, iterations_for(cfg, operation), (ours, simple, base, same)
-                )
+                steps = (ours, simple, base, alike, same)  # in the order of SIDES
+                samples = await acompare(cfg, iterations_for(cfg, operation), steps)
             report.comparisons.append(comparison(cfg, operation, flavour, samples))
 
         pool.pop_stats()
@@ -880,6 +967,7 @@ async def bench_async(cfg: Config, dsn: str, report: Report, locker: str | None)
         report.statements_per_runner_cycle[flavour] = {
             "worklease": pool.get_stats().get("requests_num", 0),
             "floor": len(RUNNER_FLOOR),
+            "same_effect": len(RUNNER_FLOOR),
         }
 
         with pals_locker(locker, dsn) as pals:
@@ -1034,15 +1122,25 @@ def render_markdown(report: Report) -> str:
         "Times in µs, median / p99. **worklease**: as shipped (`prepare=True`). **simple "
         "mode**: `prepare=False`, the PgBouncer-compatible mode. **floor**: the same job "
         "written by hand (plain upsert, select or token-guarded update on the same table) "
-        "with `conn.execute` and psycopg's defaults. **same text**: the statement worklease's "
-        "simple mode sends, through a plain `ClientCursor`. All on connections of one pool. "
-        "Ratio = median / floor median. For the Runner cycle the floors run acquire + "
-        "checkpoint + release in a row; in the pals row the floor column holds pals' acquire "
-        "+ release (a reference: advisory locks write nothing durable; no target).",
+        "with `conn.execute` and psycopg's defaults. **same effect**: the floor written to do "
+        "everything worklease's statement does, still by hand, one plain statement each, "
+        "with the same defaults: the acquire also issues the timeline token (the server's "
+        "WAL timeline in the high bits, never less than the row's last token + 1) and "
+        "records the previous holder and how it exited, every write also sets `updated_at` "
+        "and checks the holder as well as the token, and the release wakes waiters with a "
+        "notification. **same text**: the statement worklease's simple mode sends, through "
+        "a plain `ClientCursor`. All on connections of one pool. Ratio = median / floor "
+        "median; ratio (same effect) = median / same-effect median. Targets: acquire and "
+        "acquire + release: ratio (same effect) ≤ 1.10 and ratio ≤ 1.20; the Runner cycle: "
+        "ratio (same effect) ≤ 1.15; the other operations: ratio ≤ 1.10. A FAIL names the "
+        "bound missed. For the Runner cycle the floors run "
+        "acquire + checkpoint + release in a row; in the pals row the floor column holds "
+        "pals' acquire + release (a reference: advisory locks write nothing durable; no "
+        "target).",
         "",
-        "| operation | flavour | worklease | simple mode | floor | same text "
-        "| ratio | simple-mode ratio | target | result |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|---|",
+        "| operation | flavour | worklease | simple mode | floor | same effect | same text "
+        "| ratio | ratio (same effect) | simple-mode ratio | target | result |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---|",
     ]
 
     def cell(stats: Stats | None) -> str:
@@ -1052,16 +1150,24 @@ def render_markdown(report: Report) -> str:
         return "-" if value is None else f"{value:.2f}"
 
     for row in report.ordered():
-        target = "reference" if row.target is None else f"≤ {row.target:.2f}"
+        bounds = [
+            f"≤ {bound:.2f} {name}"
+            for name, bound in (("same effect", row.same_effect_target), ("floor", row.target))
+            if bound is not None
+        ]
+        target = ", ".join(bounds) or "reference"
         if row.worklease is None or row.floor is None:
             result = row.note or "not measured"
+        elif row.passed is None:
+            result = "-"
         else:
-            result = "-" if row.passed is None else ("pass" if row.passed else "FAIL")
+            result = "pass" if row.passed else f"FAIL ({', '.join(row.failed)})"
         lines.append(
             f"| {row.operation} | {row.flavour} | {cell(row.worklease)} "
-            f"| {cell(row.simple_mode)} | {cell(row.floor)} | {cell(row.same_text)} "
-            f"| {fraction(row.ratio)} | {fraction(row.simple_mode_ratio)} | {target} "
-            f"| {result} |"
+            f"| {cell(row.simple_mode)} | {cell(row.floor)} | {cell(row.same_effect)} "
+            f"| {cell(row.same_text)} | {fraction(row.ratio)} "
+            f"| {fraction(row.same_effect_ratio)} | {fraction(row.simple_mode_ratio)} "
+            f"| {target} | {result} |"
         )
     counts = report.statements_per_runner_cycle
     if counts:
@@ -1070,7 +1176,7 @@ def render_markdown(report: Report) -> str:
             "",
             "Statements per Runner cycle (pool checkouts, one statement each): worklease "
             + ", ".join(parts)
-            + f"; the floor counts {len(RUNNER_FLOOR)} ({' + '.join(RUNNER_FLOOR)}).",
+            + f"; the floors count {len(RUNNER_FLOOR)} ({' + '.join(RUNNER_FLOOR)}).",
         ]
     if report.memory:
         lines += [
@@ -1109,9 +1215,12 @@ def render_json(report: Report) -> dict[str, Any]:
             "flavour": row.flavour,
             "baseline": row.baseline,
             "target": row.target,
+            "same_effect_target": row.same_effect_target,
             "ratio": row.ratio,
+            "same_effect_ratio": row.same_effect_ratio,
             "simple_mode_ratio": row.simple_mode_ratio,
             "passed": row.passed,
+            "failed": row.failed,
             "note": row.note,
             **{name: asdict(stats) if (stats := getattr(row, name)) else None for name in SIDES},
         }
@@ -1132,7 +1241,8 @@ def render_json(report: Report) -> dict[str, Any]:
 
 
 def render_chart(report: Report, path: Path) -> str | None:
-    """Bar chart of the ratios with each group's target; returns why not, if not drawn."""
+    """Bar chart of the ratios (to the plain floor, and hatched to the same-effect floor) with
+    each group's bounds; returns why not, if not drawn."""
     try:
         matplotlib = importlib.import_module("matplotlib")
     except ImportError:
@@ -1141,42 +1251,58 @@ def render_chart(report: Report, path: Path) -> str | None:
     plt = importlib.import_module("matplotlib.pyplot")
 
     groups = list(ORDER)
-    ratios = {(row.operation, row.flavour): row.ratio for row in report.comparisons}
-    width = 0.38
-    fig, ax = plt.subplots(figsize=(11, 5.5), dpi=120)
+    ratios: dict[tuple[str, str, str], float | None] = {}
+    for row in report.comparisons:
+        ratios[row.operation, row.flavour, "floor"] = row.ratio
+        ratios[row.operation, row.flavour, "same effect"] = row.same_effect_ratio
+    series = [(flavour, base) for flavour in ("sync", "async") for base in ("floor", "same effect")]
+    width = 0.2
+    fig, ax = plt.subplots(figsize=(12, 5.5), dpi=120)
     colours = {"sync": "#4C72B0", "async": "#DD8452"}
-    for offset, flavour in ((-width / 2, "sync"), (width / 2, "async")):
-        xs = [i + offset for i, g in enumerate(groups) if ratios.get((g, flavour)) is not None]
-        ys = [r for g in groups if (r := ratios.get((g, flavour))) is not None]
-        bars = ax.bar(xs, ys, width, label=flavour, color=colours[flavour])
+    for k, (flavour, base) in enumerate(series):
+        offset = (k - (len(series) - 1) / 2) * width
+        xs = [i + offset for i, g in enumerate(groups) if ratios.get((g, flavour, base))]
+        ys = [r for g in groups if (r := ratios.get((g, flavour, base)))]
+        alike = base == "same effect"
+        bars = ax.bar(
+            xs,
+            ys,
+            width,
+            label=f"{flavour} / {base}",
+            color="white" if alike else colours[flavour],
+            edgecolor=colours[flavour],
+            hatch="///" if alike else None,
+        )
         ax.bar_label(
             bars,
             labels=[f"{y:.2f}" for y in ys],
-            fontsize=8,
+            fontsize=7,
             padding=2,
             bbox={"facecolor": "white", "edgecolor": "none", "pad": 0.5, "alpha": 0.8},
             zorder=3,
         )
+    labelled: set[str] = set()
     for i, group in enumerate(groups):
-        goal = TARGETS[group]
-        if goal is None:
-            continue
-        ax.hlines(
-            goal,
-            i - 0.48,
-            i + 0.48,
-            colors="#C44E52",
-            linestyles="dashed",
-            label="target" if i == 0 else None,
-        )
-        if all(ratios.get((group, f)) is None for f in FLAVOURS):
+        for name, goal, colour, style in (
+            ("floor", TARGETS[group], "#C44E52", "dashed"),
+            ("same effect", SAME_EFFECT_TARGETS[group], "#8172B3", "dotted"),
+        ):
+            if goal is None:
+                continue
+            label = None if name in labelled else f"target ({name})"
+            labelled.add(name)
+            ax.hlines(goal, i - 0.48, i + 0.48, colors=colour, linestyles=style, label=label)
+        if all(ratios.get((group, f, b)) is None for f, b in series):
             ax.text(i, 0.05, "n/a", ha="center", fontsize=8)
     ax.axhline(1.0, color="#888888", linewidth=0.8)
     ax.set_xticks(range(len(groups)), [g.replace(" vs ", "\nvs ") for g in groups], fontsize=9)
     ax.set_ylabel("median ratio (worklease / hand-written floor; last group: / pals)")
-    ax.set_title("worklease vs the hand-written psycopg floor (lower is better; dashed: target)")
-    ax.legend(loc="upper left")
-    ax.set_ylim(0, max([1.3, *[r * 1.15 for r in ratios.values() if r is not None]]))
+    ax.set_title(
+        "worklease vs the hand-written psycopg floors, plain and same-effect (hatched) "
+        "(lower is better)"
+    )
+    ax.legend(loc="upper left", fontsize=8, ncols=3)
+    ax.set_ylim(0, max([1.4, *[r * 1.2 for r in ratios.values() if r is not None]]))
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)
@@ -1248,6 +1374,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "ttl_s": cfg.ttl,
             "state_bytes": len(cfg.state),
             "targets": TARGETS,
+            "same_effect_targets": SAME_EFFECT_TARGETS,
             "runner_floor_statements": list(RUNNER_FLOOR),
         }
     )
