@@ -419,28 +419,29 @@ class _HostSurvey:
 
 
 async def _schema(conn: _Conn, schema: str | None) -> CheckFinding:
-    table = sql.Identifier(schema, TABLE) if schema else sql.Identifier(TABLE)
-    regclass = await _one(conn, b"SELECT to_regclass(%s)::oid", (table.as_string(conn),))
+    regclass = await _regclass(conn, schema, TABLE)
     if regclass is None:
         return missing_table(schema)
     rows = await _rows(conn, COLUMNS_QUERY, (regclass,))
     finding = judge_columns({str(name): str(kind) for name, kind in rows})
-    sequence = sql.Identifier(schema, SEQUENCE) if schema else sql.Identifier(SEQUENCE)
     if finding.status == "ok":
-        found = await _one(conn, b"SELECT to_regclass(%s)::oid", (sequence.as_string(conn),))
-        if found is None:
+        if await _regclass(conn, schema, SEQUENCE) is None:
             return missing_sequence()
-        index = sql.Identifier(schema, MEMBERS_INDEX) if schema else sql.Identifier(MEMBERS_INDEX)
-        if await _one(conn, b"SELECT to_regclass(%s)::oid", (index.as_string(conn),)) is None:
+        if await _regclass(conn, schema, MEMBERS_INDEX) is None:
             return missing_index()
         fence = sql.Identifier(schema, FENCE) if schema else sql.Identifier(FENCE)
         signature = fence.as_string(conn) + "(text, bigint)"
         if await _one(conn, b"SELECT to_regprocedure(%s)::oid", (signature,)) is None:
             return missing_fence()
-        legacy = sql.Identifier(schema, LEGACY_INDEX) if schema else sql.Identifier(LEGACY_INDEX)
-        if await _one(conn, b"SELECT to_regclass(%s)::oid", (legacy.as_string(conn),)) is not None:
+        if await _regclass(conn, schema, LEGACY_INDEX) is not None:
             return legacy_index()
     return finding
+
+
+async def _regclass(conn: _Conn, schema: str | None, name: str) -> object:
+    """The OID of the relation ``name`` (in ``schema``, else on the search path), or None."""
+    relation = sql.Identifier(schema, name) if schema else sql.Identifier(name)
+    return await _one(conn, b"SELECT to_regclass(%s)::oid", (relation.as_string(conn),))
 
 
 async def _isolation(conn: _Conn) -> CheckFinding:
