@@ -13,7 +13,7 @@ import worklease  # noqa: E402
 
 project = "worklease"
 author = "worklease developers"
-copyright = "2026, worklease developers"  # noqa: A001
+copyright = "2026, worklease developers"
 release = worklease.__version__
 version = release
 

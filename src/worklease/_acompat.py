@@ -12,6 +12,7 @@ import asyncio
 import contextvars
 import inspect
 import logging
+import sys
 import threading
 import time
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
@@ -27,6 +28,7 @@ __all__ = [
     "RENEWER_LINGER",
     "AEvent",
     "AHostCanceller",
+    "ADeferredWorker",
     "AWorker",
     "Event",
     "HostCanceller",
@@ -37,9 +39,12 @@ __all__ = [
     "abandonable",
     "abounded",
     "acall",
+    "acancel_start",
     "acancel_worker",
     "acleanup",
     "aloop_key",
+    "aspawn_after",
+    "astart_within",
     "ajoin_all",
     "ashielded",
     "asleep",
@@ -48,6 +53,7 @@ __all__ = [
     "aworker_alive",
     "bounded",
     "call",
+    "cancel_start",
     "cancel_worker",
     "cleanup",
     "join_all",
@@ -55,6 +61,8 @@ __all__ = [
     "loop_key",
     "sleep",
     "spawn",
+    "spawn_after",
+    "start_within",
     "within",
     "worker_alive",
 ]
@@ -163,7 +171,88 @@ def join_all(workers: Sequence[Worker], timeout: float | None = None) -> bool:
     return not any(worker.is_alive() for worker in workers)
 
 
-def aworker_alive(worker: AWorker) -> bool:
+class ADeferredWorker:
+    """A task started only when it is first needed: ``delay`` seconds from now (sooner with
+    ``astart_within``), unless ``acancel_start`` comes first, in which case it never runs.
+    A renewal that ends before its first attempt is due (a short hold, a runner's cycle)
+    then costs a timer, not a task and the turns of the loop that start and end it."""
+
+    __slots__ = ("_args", "_at", "_fn", "_loop", "_name", "_task", "_timer")
+
+    def __init__(
+        self, delay: float, fn: Callable[..., Coroutine[Any, Any, None]], args: Any, name: str
+    ) -> None:
+        self._fn = fn
+        self._args = args
+        self._name = name
+        self._loop = asyncio.get_running_loop()
+        self._task: asyncio.Task[None] | None = None
+        self._timer: asyncio.TimerHandle | None = None
+        self._at = 0.0
+        self._arm(delay)
+
+    def _arm(self, delay: float) -> None:
+        if delay <= 0:
+            self._start()
+        else:
+            self._at = self._loop.time() + delay
+            self._timer = self._loop.call_at(self._at, self._start)
+
+    def _start(self) -> None:
+        self._timer = None
+        if self._task is None:
+            self._task = aspawn(self._fn, *self._args, name=self._name)
+
+    def done(self) -> bool:
+        return self._timer is None and (self._task is None or self._task.done())
+
+    def start_within(self, delay: float) -> None:
+        if self._timer is not None and self._loop.time() + delay < self._at:
+            self._timer.cancel()
+            self._timer = None
+            self._arm(delay)
+
+    def cancel_start(self) -> bool:
+        if self._timer is None:
+            return False
+        self._timer.cancel()
+        self._timer = None
+        return True
+
+
+def aspawn_after(
+    delay: float, fn: Callable[..., Coroutine[Any, Any, None]], *args: Any, name: str
+) -> ADeferredWorker:
+    """Run ``fn(*args)`` as a task on the running loop ``delay`` seconds from now."""
+    return ADeferredWorker(delay, fn, args, name)
+
+
+def spawn_after(delay: float, fn: Callable[..., None], *args: Any, name: str) -> Worker:
+    """A thread is started at once: it lingers between uses (``RENEWER_LINGER``), so
+    deferring its start would save nothing."""
+    return spawn(fn, *args, name=name)
+
+
+def astart_within(worker: ADeferredWorker, delay: float) -> None:
+    """Start a deferred task no later than ``delay`` seconds from now."""
+    worker.start_within(delay)
+
+
+def start_within(worker: Worker, delay: float) -> None:
+    """A thread started already."""
+
+
+def acancel_start(worker: ADeferredWorker) -> bool:
+    """Cancel a deferred task that has not started yet; whether it was cancelled so."""
+    return worker.cancel_start()
+
+
+def cancel_start(worker: Worker) -> bool:
+    """A thread started already."""
+    return False
+
+
+def aworker_alive(worker: AWorker | ADeferredWorker) -> bool:
     """Whether the task has not finished (a task cancelled before it started never runs)."""
     return not worker.done()
 
@@ -370,6 +459,16 @@ def _log_late_failure(task: asyncio.Future[Any]) -> None:
         logger.warning("worklease: undoing a late call failed: %r", task.exception())
 
 
+def _start_eagerly(
+    loop: asyncio.AbstractEventLoop, coro: Coroutine[Any, Any, T]
+) -> asyncio.Task[T]:
+    """A task whose coroutine runs at once, up to its first wait (Python 3.12+; earlier a
+    plain task, started on the next turn of the loop)."""
+    if sys.version_info >= (3, 12):
+        return asyncio.Task(coro, loop=loop, eager_start=True)
+    return loop.create_task(coro)
+
+
 async def acleanup(timeout: float, fn: Callable[..., Coroutine[Any, Any, T]], *args: Any) -> T:
     """Run final writes ``fn(*args)`` to completion despite cancellation, within ``timeout``.
 
@@ -378,10 +477,24 @@ async def acleanup(timeout: float, fn: Callable[..., Coroutine[Any, Any, T]], *a
     are cancelled in the background (a driver may take its time to cancel a query; nobody
     waits for it).
     """
-    task = asyncio.ensure_future(fn(*args))
     loop = asyncio.get_running_loop()
+    waiting: asyncio.Future[None] | None = None
+
+    async def writes() -> T:
+        try:
+            return await fn(*args)
+        finally:
+            # The caller is woken from the writes' own last step: a turn of the loop sooner
+            # than through a done callback (or a shield), which runs a turn after the task.
+            if waiting is not None and not waiting.done():
+                waiting.set_result(None)
+
+    # One task, one timer and one future per call (a pool stopping ends thousands of holds
+    # at once: asyncio.wait would cost a future and two callbacks per round).
+    task = _start_eagerly(loop, writes())
+    if task.done():  # finished without waiting (nothing to send, or an in-memory store)
+        return task.result()
     expired = False
-    waiting: asyncio.Future[T] | None = None
 
     def expire() -> None:
         nonlocal expired
@@ -390,37 +503,30 @@ async def acleanup(timeout: float, fn: Callable[..., Coroutine[Any, Any, T]], *a
         expired = True
         task.cancel()
         task.add_done_callback(_retrieve)
-        if waiting is not None:
+        if waiting is not None and not waiting.done():
             waiting.cancel()  # ends the wait below now, not when the writes end
 
-    # One timer and one shield per call (a pool stopping ends thousands of holds at once:
-    # asyncio.wait would cost a future and two callbacks per round).
     timer = loop.call_later(max(timeout, 0.0), expire)
     cancelled = False
     try:
-        while True:
-            waiting = asyncio.shield(task)
+        while not task.done():
+            waiting = loop.create_future()
             try:
-                result = await waiting
-                break
+                await waiting
             except asyncio.CancelledError:
                 if expired:
                     error = TimeoutError(f"cleanup did not finish within {timeout:g}s")
                     if cancelled:  # the outside cancellation wins over our own timeout
                         raise asyncio.CancelledError from error
                     raise error from None
-                if task.done():  # the writes cancelled themselves
-                    raise
                 cancelled = True  # from outside: held back until the writes end
-            except BaseException:
-                if cancelled:  # the writes failed after all: the cancellation takes precedence
-                    raise asyncio.CancelledError from None
-                raise
     finally:
         timer.cancel()
     if cancelled:
+        if not task.cancelled():
+            task.exception()  # the writes failed after all: the cancellation takes precedence
         raise asyncio.CancelledError
-    return result
+    return task.result()  # the writes' own failure, or their own cancellation, propagates
 
 
 def cleanup(timeout: float, fn: Callable[..., T], *args: Any) -> T:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Sequence
 from time import monotonic
+from typing import Any
 
 import pytest
 
@@ -37,7 +38,7 @@ class StallingBatches(AsyncMemoryBackend):
 
 
 class Counting(AsyncMemoryBackend):
-    """Records the work ID of every single renewal."""
+    """Records the work ID of every renewal, single or batched."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -46,6 +47,11 @@ class Counting(AsyncMemoryBackend):
     async def renew(self, token: Token, ttl: float) -> None:
         await super().renew(token, ttl)
         self.renewed.append(token.work_id)
+
+    async def renew_many(self, tokens: Sequence[Token], ttl: float) -> list[LeaseLostError | None]:
+        outcomes = await super().renew_many(tokens, ttl)
+        self.renewed.extend(t.work_id for t, lost in zip(tokens, outcomes, strict=True) if not lost)
+        return outcomes
 
 
 async def _renewed(backend: Counting, work_id: str) -> bool:
@@ -92,15 +98,54 @@ async def test_a_window_closing_during_a_shared_call_is_reported_at_once() -> No
         await late_task
 
 
+async def _renewer_task() -> asyncio.Task[object]:
+    """The renewal worker, once it started (it starts when the first attempt is due)."""
+    for _ in range(round(PROMPT / 0.005)):
+        tasks = _renewer_tasks()
+        if tasks:
+            [task] = tasks
+            return task
+        await asyncio.sleep(0.005)
+    raise AssertionError("no renewal worker started")
+
+
+async def test_a_renewal_ended_before_its_first_attempt_starts_no_worker() -> None:
+    """A short hold (a runner's cycle) costs no task: the worker starts when the first
+    attempt is due, and a renewal stopped before then cancels that start."""
+    backend = Counting()
+    lease = AsyncLease(backend, holder_id="a", ttl=30.0)
+    for work_id in ("w1", "w2", "w3"):
+        token = await lease.acquire(work_id)
+        async with lease.renewal(token, interval=10.0):
+            await asyncio.sleep(0.01)
+            assert _renewer_tasks() == []
+        assert _renewer_tasks() == []
+    # A renewal that lives to its first attempt gets a worker, and is renewed.
+    token = await lease.acquire("w4")
+    async with lease.renewal(token, interval=0.05):
+        assert await _renewed(backend, "w4")
+        assert len(_renewer_tasks()) == 1
+
+
+async def test_an_earlier_renewal_brings_the_workers_start_forward() -> None:
+    backend = Counting()
+    lease = AsyncLease(backend, holder_id="a", ttl=30.0)
+    slow = await lease.acquire("slow")
+    fast = await lease.acquire("fast")
+    async with lease.renewal(slow, interval=3600.0):
+        async with lease.renewal(fast, interval=0.05):
+            assert await _renewed(backend, "fast")
+        assert "slow" not in backend.renewed
+
+
 async def test_a_cancelled_worker_reports_its_leases_lost_and_a_new_one_takes_over() -> None:
     backend = Counting()
     lease = AsyncLease(backend, holder_id="a", ttl=30.0)
     token = await lease.acquire("w1")
     started = monotonic()
     with pytest.raises(LeaseWindowExhaustedError):  # noqa: PT012
-        async with lease.renewal(token, interval=10.0):
-            await asyncio.sleep(0)  # let the worker start waiting
-            [worker] = _renewer_tasks()
+        async with lease.renewal(token, interval=0.05):
+            worker = await _renewer_task()
             worker.cancel()  # as a "cancel every task" sweep would
             await asyncio.sleep(3600)
     assert monotonic() - started < PROMPT
@@ -110,17 +155,33 @@ async def test_a_cancelled_worker_reports_its_leases_lost_and_a_new_one_takes_ov
         assert await _renewed(backend, "w2")
 
 
-async def test_a_worker_cancelled_before_it_ran_is_replaced() -> None:
+async def test_a_worker_cancelled_before_it_ran_is_replaced(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     backend = Counting()
     lease = AsyncLease(backend, holder_id="a", ttl=30.0)
     first = await lease.acquire("w1")
-    async with lease.renewal(first, interval=10.0):
-        [worker] = _renewer_tasks()
-        worker.cancel()  # never runs at all
-        await asyncio.sleep(0.05)
+    loop = asyncio.get_running_loop()
+    create_task = loop.create_task
+    cancelled: list[asyncio.Task[object]] = []
+
+    def create_and_cancel_the_first_worker(coro: Any, **kwargs: Any) -> asyncio.Task[object]:
+        task = create_task(coro, **kwargs)
+        if kwargs.get("name") == "worklease-renewals" and not cancelled:
+            task.cancel()  # never runs at all
+            cancelled.append(task)
+        return task
+
+    monkeypatch.setattr(loop, "create_task", create_and_cancel_the_first_worker)
+    async with lease.renewal(first, interval=0.02):
+        for _ in range(round(PROMPT / 0.005)):
+            if cancelled and cancelled[0].done():
+                break
+            await asyncio.sleep(0.005)
+        [worker] = cancelled
         assert worker.done()
         second = await lease.acquire("w2")
         async with lease.renewal(second, interval=0.02):
-            [replacement] = _renewer_tasks()
+            replacement = await _renewer_task()
             assert replacement is not worker
             assert await _renewed(backend, "w2")

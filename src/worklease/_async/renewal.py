@@ -9,13 +9,15 @@ from typing import TYPE_CHECKING
 from .._acompat import (
     ARENEWER_LINGER,
     Abandoned,
+    ADeferredWorker,
     AEvent,
     AHostCanceller,
-    AWorker,
     ThreadLock,
     aabandonable,
+    acancel_start,
     aloop_key,
-    aspawn,
+    aspawn_after,
+    astart_within,
     aworker_alive,
 )
 from .._context import _current
@@ -268,7 +270,7 @@ class AsyncRenewer:
         self._lock = ThreadLock()
         self._members: dict[ScheduledRenewal, AsyncRenewal] = {}
         self._wake = AEvent()
-        self._worker: AWorker | None = None
+        self._worker: ADeferredWorker | None = None
         self._in_flight: set[AsyncRenewal] = set()
         self._abandon = AEvent()
         self._wakes_at = 0.0
@@ -277,15 +279,21 @@ class AsyncRenewer:
 
     def add(self, renewal: AsyncRenewal) -> None:
         """Renew ``renewal`` from now on (called under the registry's lock)."""
+        due = renewal._schedule.due
         with self._lock:
             self._members[renewal._schedule] = renewal
             renewal._renewer = self
-            if self._worker is None or not aworker_alive(self._worker):
+            worker = self._worker
+            if worker is None or not aworker_alive(worker):
+                # The worker starts when the first attempt is due (a task; a thread starts
+                # now): a renewal stopped before then never needed one.
                 self._wake = AEvent()
-                self._wakes_at = 0.0
-                self._worker = aspawn(self._run, name="worklease-renewals")
-            elif renewal._schedule.due >= self._wakes_at > 0.0:
+                self._wakes_at = due
+                self._worker = aspawn_after(due - monotonic(), self._run, name="worklease-renewals")
+                return
+            if due >= self._wakes_at > 0.0:
                 return  # the worker wakes before this one is due anyway
+            astart_within(worker, due - monotonic())  # a worker not started yet: sooner
             wake = self._wake
         wake.set()
 
@@ -298,8 +306,17 @@ class AsyncRenewer:
                 self._in_flight.discard(renewal)
                 if not self._in_flight:
                     self._abandon.set()  # nobody wants the answer: let the call go
-            if self._members or ARENEWER_LINGER:
+            if self._members:
                 return  # the worker finds out when it next wakes
+            worker = self._worker
+            unstarted = worker is not None and acancel_start(worker)
+            if unstarted:
+                self._worker = None
+            elif ARENEWER_LINGER:
+                return  # the worker finds out when it next wakes
+        if unstarted:  # nothing ever ran: forget this renewer as an idle worker would
+            self._renewals.retire(self._key, self)
+            return
         wake.set()  # nothing left: a worker that ends at once should not wait for a due
 
     def retire_if_idle(self) -> bool:

@@ -17,8 +17,10 @@ from .._acompat import (
     ThreadLock,
     Worker,
     abandonable,
+    cancel_start,
     loop_key,
-    spawn,
+    spawn_after,
+    start_within,
     worker_alive,
 )
 from .._context import _current
@@ -280,15 +282,21 @@ class Renewer:
 
     def add(self, renewal: Renewal) -> None:
         """Renew ``renewal`` from now on (called under the registry's lock)."""
+        due = renewal._schedule.due
         with self._lock:
             self._members[renewal._schedule] = renewal
             renewal._renewer = self
-            if self._worker is None or not worker_alive(self._worker):
+            worker = self._worker
+            if worker is None or not worker_alive(worker):
+                # The worker starts when the first attempt is due (a task; a thread starts
+                # now): a renewal stopped before then never needed one.
                 self._wake = Event()
-                self._wakes_at = 0.0
-                self._worker = spawn(self._run, name="worklease-renewals")
-            elif renewal._schedule.due >= self._wakes_at > 0.0:
+                self._wakes_at = due
+                self._worker = spawn_after(due - monotonic(), self._run, name="worklease-renewals")
+                return
+            if due >= self._wakes_at > 0.0:
                 return  # the worker wakes before this one is due anyway
+            start_within(worker, due - monotonic())  # a worker not started yet: sooner
             wake = self._wake
         wake.set()
 
@@ -301,8 +309,17 @@ class Renewer:
                 self._in_flight.discard(renewal)
                 if not self._in_flight:
                     self._abandon.set()  # nobody wants the answer: let the call go
-            if self._members or RENEWER_LINGER:
+            if self._members:
                 return  # the worker finds out when it next wakes
+            worker = self._worker
+            unstarted = worker is not None and cancel_start(worker)
+            if unstarted:
+                self._worker = None
+            elif RENEWER_LINGER:
+                return  # the worker finds out when it next wakes
+        if unstarted:  # nothing ever ran: forget this renewer as an idle worker would
+            self._renewals.retire(self._key, self)
+            return
         wake.set()  # nothing left: a worker that ends at once should not wait for a due
 
     def retire_if_idle(self) -> bool:
