@@ -56,6 +56,14 @@ def test_bench_ops_writes_every_row(postgres_dsn: str, tmp_path: Path) -> None:
         for operation in [*OPERATIONS, PALS]:
             assert f"| {operation} | {flavour} |" in table, (operation, flavour)
     assert "## In-memory backend" in table
+    # The comparison (what the guide includes) above the marker, the verdicts below it.
+    comparison, verdicts = table.split("<!-- targets -->")
+    assert "| FAIL" not in comparison
+    assert "| pass |" not in comparison
+    assert "| target | result |" in verdicts
+    for flavour in ("sync", "async"):
+        for operation in [*OPERATIONS, PALS]:
+            assert f"| {operation} | {flavour} |" in verdicts, (operation, flavour)
 
     data = json.loads((tmp_path / "ops.json").read_text(encoding="utf-8"))
     rows = {(row["operation"], row["flavour"]): row for row in data["comparisons"]}
