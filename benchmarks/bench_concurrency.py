@@ -426,7 +426,7 @@ def render_chart(report: Report, path: Path) -> str | None:
     try:
         matplotlib = importlib.import_module("matplotlib")
     except ImportError:
-        return "matplotlib not installed (pip install -e '.[bench]'): no chart"
+        return "matplotlib not installed (pip install -e . --group bench): no chart"
     matplotlib.use("Agg")
     plt = importlib.import_module("matplotlib.pyplot")
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.5), dpi=120, sharey=True)

@@ -216,7 +216,7 @@ def render_chart(results: list[Series], path: Path) -> str | None:
     try:
         matplotlib = importlib.import_module("matplotlib")
     except ImportError:
-        return "matplotlib not installed (pip install -e '.[bench]'): no chart"
+        return "matplotlib not installed (pip install -e . --group bench): no chart"
     matplotlib.use("Agg")
     plt = importlib.import_module("matplotlib.pyplot")
     figure, axes = plt.subplots(1, 2, figsize=(10, 4))

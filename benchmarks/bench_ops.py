@@ -1258,7 +1258,7 @@ def render_chart(report: Report, path: Path) -> str | None:
     try:
         matplotlib = importlib.import_module("matplotlib")
     except ImportError:
-        return "matplotlib not installed (pip install -e '.[bench]'): no chart"
+        return "matplotlib not installed (pip install -e . --group bench): no chart"
     matplotlib.use("Agg")
     plt = importlib.import_module("matplotlib.pyplot")
 

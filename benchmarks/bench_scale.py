@@ -901,7 +901,7 @@ def render_chart(report: dict[str, Any], cfg: Config, path: Path) -> str | None:
     try:
         matplotlib = importlib.import_module("matplotlib")
     except ImportError:
-        return "matplotlib not installed (pip install -e '.[bench]'): no chart"
+        return "matplotlib not installed (pip install -e . --group bench): no chart"
     matplotlib.use("Agg")
     plt = importlib.import_module("matplotlib.pyplot")
     measured = [d for d in DESIGNS if report["sides"][d].get("timeline", {}).get("t")]
