@@ -23,7 +23,8 @@ extensions = [
     "sphinx.ext.viewcode",
 ]
 source_suffix = {".md": "markdown", ".rst": "restructuredtext"}
-exclude_patterns = ["_build", "Thumbs.db", ".DS_Store"]
+# package-description.md is the package index page (pyproject readme), not a page of the site.
+exclude_patterns = ["_build", "Thumbs.db", ".DS_Store", "package-description.md"]
 myst_enable_extensions = ["colon_fence", "deflist"]
 myst_heading_anchors = 3
 
