@@ -307,8 +307,9 @@ def test_sweep_dry_run_then_delete(postgres_dsn: str) -> None:
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (("sweep", "--retention", "10"), "bad duration '10'"),
+        (("sweep", "--retention", "10x"), "bad duration '10x'"),
         (("sweep", "--retention", "0s"), "must be greater than zero"),
+        (("sweep", "--retention", "0"), "must be greater than zero"),
         (("status", "--work-id", "a[b"), "bad pattern 'a[b'"),
     ],
 )
@@ -392,6 +393,17 @@ def test_check_exits_1_on_a_failure_and_with_strict_on_a_warning(
     strict = run("check", "--dsn", pgbouncer_dsn, "--strict")
     assert strict.returncode == 1
     assert "warn  pooler" in strict.stdout
+
+
+@pytest.mark.postgres
+def test_durations_are_seconds_as_bare_numbers(postgres_dsn: str) -> None:
+    """The command line takes what the API takes: a bare number is seconds."""
+    swept = run("sweep", "--dsn", postgres_dsn, "--retention", "86400", "--dry-run")
+    assert swept.returncode == 0, swept.stderr
+    assert "not updated for 86400" in swept.stdout
+    checked = run("check", "--dsn", postgres_dsn, "--ttl", "30", "--json")
+    assert checked.stderr == ""
+    assert json.loads(checked.stdout)["findings"]
 
 
 def test_check_bad_ttl_is_one_line_and_status_1() -> None:

@@ -51,8 +51,8 @@ MOD_EXPECTED = (
 
 from __future__ import annotations
 
-from worklease._acompat import sleep
 from worklease._base import helper
+from worklease._compat import sleep
 
 from .lease import Lease
 

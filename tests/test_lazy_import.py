@@ -58,3 +58,31 @@ def test_postgres_names_load_on_first_use() -> None:
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
     assert "has no attribute 'NoSuchName'" in result.stdout
+
+
+WITHOUT_ASYNCIO = """
+import sys
+import worklease
+from worklease.testing import FakeClock
+assert "asyncio" not in sys.modules, "import worklease loaded asyncio"
+lease = worklease.Lease(worklease.MemoryBackend(clock=FakeClock()), holder_id="h", ttl=30)
+runner = worklease.Runner(lease, lambda token, prior: b"done")
+runner.run("w")
+with lease.hold("w2") as held:
+    held.checkpoint(b"state")
+assert "asyncio" not in sys.modules, "the thread flavour loaded asyncio"
+assert "AsyncLease" in dir(worklease)
+assert worklease.AsyncLease.__name__ == "AsyncLease"
+assert "asyncio" in sys.modules
+print("ok")
+"""
+
+
+def test_the_thread_flavour_never_loads_asyncio() -> None:
+    """``import worklease`` and the sync flavour on the memory backend leave asyncio
+    unimported; the first asyncio name used loads it."""
+    result = subprocess.run(
+        [sys.executable, "-c", WITHOUT_ASYNCIO], capture_output=True, text=True, cwd=ROOT
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "ok"

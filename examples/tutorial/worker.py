@@ -2,8 +2,9 @@
 
 Every process runs a fair-share pool over the same four reports. A report takes thirty steps;
 after each one the worker checkpoints how far it got, so whoever holds the report next
-resumes there, and a report somebody retired is left alone. Each process prints what it starts, resumes and finishes, naming the token it
-holds and, on a resume, who held the report before and how that holder left. SIGTERM (or
+resumes there, and a report somebody retired is left alone. Each process prints what it
+starts, resumes and finishes, naming the token it holds and, on a resume, who held the report
+before and how that holder left. SIGTERM (or
 Ctrl-C) stops the pool gracefully: its reports are released ABANDONED with their checkpoints,
 and the other processes take them over at once.
 

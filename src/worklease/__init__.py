@@ -14,29 +14,10 @@ from __future__ import annotations
 from importlib import import_module
 from typing import TYPE_CHECKING, Any
 
-from ._async.backend import AsyncAcquireMany as AsyncAcquireMany
-from ._async.backend import AsyncAcquireWithCheckpoint as AsyncAcquireWithCheckpoint
-from ._async.backend import AsyncBackend as AsyncBackend
-from ._async.backend import AsyncBackendTransaction as AsyncBackendTransaction
-from ._async.backend import AsyncCheckpointMany as AsyncCheckpointMany
-from ._async.backend import AsyncFindAvailable as AsyncFindAvailable
-from ._async.backend import AsyncReleaseMany as AsyncReleaseMany
-from ._async.backend import AsyncRenewMany as AsyncRenewMany
-from ._async.backend import AsyncSurvey as AsyncSurvey
-from ._async.backend import AsyncTransactional as AsyncTransactional
-from ._async.hold import AsyncHold as AsyncHold
-from ._async.leader import AsyncLeader as AsyncLeader
-from ._async.lease import AsyncLease as AsyncLease
-from ._async.memory import AsyncMemoryBackend as AsyncMemoryBackend
-from ._async.pool import AsyncPool as AsyncPool
-from ._async.renewal import AsyncRenewal as AsyncRenewal
-from ._async.runner import AsyncRunner as AsyncRunner
-from ._async.transaction import AsyncLeaseTransaction as AsyncLeaseTransaction
-from ._async.vacuum import AsyncVacuum as AsyncVacuum
-from ._async.watch import AsyncReleaseWatching as AsyncReleaseWatching
 from ._context import current_renewal as current_renewal
 from ._fairshare import PoolSurvey as PoolSurvey
 from ._models import Checkpoint as Checkpoint
+from ._models import DeclaredExit as DeclaredExit
 from ._models import ExitMode as ExitMode
 from ._models import Operation as Operation
 from ._models import Token as Token
@@ -65,6 +46,7 @@ from ._types import AsyncWorkFn as AsyncWorkFn
 from ._types import TokenCallback as TokenCallback
 from ._types import WorkFn as WorkFn
 from ._validation import MAX_DURATION as MAX_DURATION
+from ._validation import Duration as Duration
 from ._window import Backoff as Backoff
 from .codec import Codec as Codec
 from .codec import JSONCodec as JSONCodec
@@ -114,12 +96,34 @@ from .observers import SlotShedEvent as SlotShedEvent
 from .observers import SweepEvent as SweepEvent
 from .observers import VacuumObserver as VacuumObserver
 
-# The PostgreSQL names load psycopg: they are imported on first use (PEP 562), so the memory
-# backend, FakeClock and the quick start work where psycopg or libpq is missing.
+# Imported on first use (PEP 562): the PostgreSQL and etcd names, which load psycopg or httpx
+# (so the memory backend, FakeClock and the quick start work where psycopg or libpq is
+# missing), and the asyncio flavour, which loads asyncio (so `import worklease` in a threaded
+# program does not).
 if TYPE_CHECKING:
+    from ._async.backend import AsyncAcquireMany as AsyncAcquireMany
+    from ._async.backend import AsyncAcquireWithCheckpoint as AsyncAcquireWithCheckpoint
+    from ._async.backend import AsyncBackend as AsyncBackend
+    from ._async.backend import AsyncBackendTransaction as AsyncBackendTransaction
+    from ._async.backend import AsyncCheckpointMany as AsyncCheckpointMany
+    from ._async.backend import AsyncFindAvailable as AsyncFindAvailable
+    from ._async.backend import AsyncReleaseMany as AsyncReleaseMany
+    from ._async.backend import AsyncRenewMany as AsyncRenewMany
+    from ._async.backend import AsyncSurvey as AsyncSurvey
+    from ._async.backend import AsyncTransactional as AsyncTransactional
     from ._async.check import acheck_postgres as acheck_postgres
     from ._async.etcd import AsyncEtcdBackend as AsyncEtcdBackend
+    from ._async.hold import AsyncHold as AsyncHold
+    from ._async.leader import AsyncLeader as AsyncLeader
+    from ._async.lease import AsyncLease as AsyncLease
+    from ._async.memory import AsyncMemoryBackend as AsyncMemoryBackend
+    from ._async.pool import AsyncPool as AsyncPool
     from ._async.postgres import AsyncPostgresBackend as AsyncPostgresBackend
+    from ._async.renewal import AsyncRenewal as AsyncRenewal
+    from ._async.runner import AsyncRunner as AsyncRunner
+    from ._async.transaction import AsyncLeaseTransaction as AsyncLeaseTransaction
+    from ._async.vacuum import AsyncVacuum as AsyncVacuum
+    from ._async.watch import AsyncReleaseWatching as AsyncReleaseWatching
     from ._check import CheckFinding as CheckFinding
     from ._check import CheckReport as CheckReport
     from ._pg import schema_sql as schema_sql
@@ -128,6 +132,27 @@ if TYPE_CHECKING:
     from ._sync.postgres import PostgresBackend as PostgresBackend
 
 _LAZY = {
+    # the asyncio flavour loads asyncio: a program using threads never imports it
+    "AsyncAcquireMany": "._async.backend",
+    "AsyncAcquireWithCheckpoint": "._async.backend",
+    "AsyncBackend": "._async.backend",
+    "AsyncBackendTransaction": "._async.backend",
+    "AsyncCheckpointMany": "._async.backend",
+    "AsyncFindAvailable": "._async.backend",
+    "AsyncReleaseMany": "._async.backend",
+    "AsyncRenewMany": "._async.backend",
+    "AsyncSurvey": "._async.backend",
+    "AsyncTransactional": "._async.backend",
+    "AsyncHold": "._async.hold",
+    "AsyncLeader": "._async.leader",
+    "AsyncLease": "._async.lease",
+    "AsyncMemoryBackend": "._async.memory",
+    "AsyncPool": "._async.pool",
+    "AsyncRenewal": "._async.renewal",
+    "AsyncRunner": "._async.runner",
+    "AsyncLeaseTransaction": "._async.transaction",
+    "AsyncVacuum": "._async.vacuum",
+    "AsyncReleaseWatching": "._async.watch",
     # the etcd backend loads httpx (the ``etcd`` extra)
     "AsyncEtcdBackend": "._async.etcd",
     "EtcdBackend": "._sync.etcd",
@@ -198,6 +223,8 @@ __all__ = [
     "CheckpointEvent",
     "Codec",
     "ConfigError",
+    "DeclaredExit",
+    "Duration",
     "DuplicateWorkIDError",
     "EmptyWorkIDError",
     "EmptyWorkIDsError",

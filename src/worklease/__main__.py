@@ -24,8 +24,8 @@ from psycopg.conninfo import conninfo_to_dict
 from psycopg.rows import tuple_row
 
 from . import __version__
-from ._acompat import sleep
 from ._check import DEFAULT_POOL_SIZE
+from ._compat import sleep
 from ._duration import format_duration, glob_to_regex, parse_duration
 from ._failures import first_line
 from ._models import Checkpoint, Token

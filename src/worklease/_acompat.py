@@ -1,91 +1,58 @@
-"""The one place that touches asyncio and threading: async/sync pairs for the generated code.
+"""The asyncio half of the flavour pairs the generated code is written against.
 
-Each async helper (prefixed ``a``/``A``) has a sync twin with the plain name; the generator
-(``scripts/unasync.py``) renames one to the other. Call wrappers (``abounded``/``bounded``,
-``acleanup``/``cleanup``) take the function and its arguments, so the same source line reads
-correctly in both flavours.
+Each helper here (prefixed ``a``/``A``) has a thread twin with the plain name in
+``_compat``; the generator (``scripts/unasync.py``) renames one to the other, and this
+module's name to that one's. Call wrappers (``abounded``/``bounded``, ``acleanup``/``cleanup``)
+take the function and its arguments, so the same source line reads correctly in both
+flavours. Only this half imports asyncio: a program using the thread flavour never loads it.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextvars
 import inspect
-import logging
 import sys
-import threading
-import time
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from typing import Any, TypeVar, cast
 
+from ._compat import Abandoned, ThreadLock, ThreadRLock, logger
+
 __all__ = [
     "ABATCH_LINGER",
-    "ACancelGuard",
     "ARENEWER_LINGER",
-    "BATCH_LINGER",
-    "Abandoned",
-    "CancelGuard",
-    "RENEWER_LINGER",
+    "ACancelGuard",
+    "ADeferredWorker",
     "AEvent",
     "AHostCanceller",
-    "ADeferredWorker",
     "AWorker",
-    "Event",
-    "HostCanceller",
+    "Abandoned",
     "ThreadLock",
     "ThreadRLock",
-    "Worker",
     "aabandonable",
-    "abandonable",
     "abounded",
     "acall",
     "acancel_start",
     "acancel_worker",
     "acleanup",
-    "aloop_key",
-    "aspawn_after",
-    "astart_within",
     "ajoin_all",
+    "aloop_key",
     "ashielded",
     "asleep",
     "aspawn",
+    "aspawn_after",
+    "astart_within",
     "awithin",
     "aworker_alive",
-    "bounded",
-    "call",
-    "cancel_start",
-    "cancel_worker",
-    "cleanup",
-    "join_all",
-    "shielded",
-    "loop_key",
-    "sleep",
-    "spawn",
-    "spawn_after",
-    "start_within",
-    "within",
-    "worker_alive",
 ]
-
-logger = logging.getLogger("worklease")
 
 T = TypeVar("T")
 
-ThreadLock = threading.Lock
-"""A lock for critical sections that never wait (used by both flavours)."""
-
-ThreadRLock = threading.RLock
-"""A re-entrant variant, for stores whose operations compose under one lock."""
 
 # -- sleeping -------------------------------------------------------------------------------
 
 
 async def asleep(seconds: float) -> None:
     await asyncio.sleep(max(seconds, 0.0))
-
-
-def sleep(seconds: float) -> None:
-    time.sleep(max(seconds, 0.0))
 
 
 # -- events ---------------------------------------------------------------------------------
@@ -135,24 +102,15 @@ class AEvent(asyncio.Event):
         return True
 
 
-Event = threading.Event
-
 # -- background workers ---------------------------------------------------------------------
 
+
 AWorker = asyncio.Task[None]
-Worker = threading.Thread
 
 
 def aspawn(fn: Callable[..., Coroutine[Any, Any, None]], *args: Any, name: str) -> AWorker:
     """Run ``fn(*args)`` as a task on the running loop."""
     return asyncio.get_running_loop().create_task(fn(*args), name=name)
-
-
-def spawn(fn: Callable[..., None], *args: Any, name: str) -> Worker:
-    """Run ``fn(*args)`` in a daemon thread (so a stuck call never blocks interpreter exit)."""
-    thread = threading.Thread(target=fn, args=args, name=name, daemon=True)
-    thread.start()
-    return thread
 
 
 async def ajoin_all(workers: Sequence[AWorker], timeout: float | None = None) -> bool:
@@ -161,14 +119,6 @@ async def ajoin_all(workers: Sequence[AWorker], timeout: float | None = None) ->
         return True
     _, pending = await asyncio.wait(workers, timeout=timeout)
     return not pending
-
-
-def join_all(workers: Sequence[Worker], timeout: float | None = None) -> bool:
-    """Wait until every thread finished; False if ``timeout`` seconds passed first."""
-    deadline = None if timeout is None else time.monotonic() + timeout
-    for worker in workers:
-        worker.join(None if deadline is None else max(deadline - time.monotonic(), 0.0))
-    return not any(worker.is_alive() for worker in workers)
 
 
 class ADeferredWorker:
@@ -180,7 +130,11 @@ class ADeferredWorker:
     __slots__ = ("_args", "_at", "_fn", "_loop", "_name", "_task", "_timer")
 
     def __init__(
-        self, delay: float, fn: Callable[..., Coroutine[Any, Any, None]], args: Any, name: str
+        self,
+        delay: float,
+        fn: Callable[..., Coroutine[Any, Any, None]],
+        args: Any,
+        name: str,
     ) -> None:
         self._fn = fn
         self._args = args
@@ -227,19 +181,9 @@ def aspawn_after(
     return ADeferredWorker(delay, fn, args, name)
 
 
-def spawn_after(delay: float, fn: Callable[..., None], *args: Any, name: str) -> Worker:
-    """A thread is started at once: it lingers between uses (``RENEWER_LINGER``), so
-    deferring its start would save nothing."""
-    return spawn(fn, *args, name=name)
-
-
 def astart_within(worker: ADeferredWorker, delay: float) -> None:
     """Start a deferred task no later than ``delay`` seconds from now."""
     worker.start_within(delay)
-
-
-def start_within(worker: Worker, delay: float) -> None:
-    """A thread started already."""
 
 
 def acancel_start(worker: ADeferredWorker) -> bool:
@@ -247,18 +191,9 @@ def acancel_start(worker: ADeferredWorker) -> bool:
     return worker.cancel_start()
 
 
-def cancel_start(worker: Worker) -> bool:
-    """A thread started already."""
-    return False
-
-
 def aworker_alive(worker: AWorker | ADeferredWorker) -> bool:
     """Whether the task has not finished (a task cancelled before it started never runs)."""
     return not worker.done()
-
-
-def worker_alive(worker: Worker) -> bool:
-    return worker.is_alive()
 
 
 def acancel_worker(worker: AWorker) -> None:
@@ -266,34 +201,19 @@ def acancel_worker(worker: AWorker) -> None:
     worker.cancel()
 
 
-def cancel_worker(worker: Worker) -> None:
-    """Threads cannot be cancelled: a worker thread notices its stop event (or its
-    renewal's shed) instead."""
-
-
 def aloop_key() -> object:
     """What shares one background worker: the running event loop."""
     return asyncio.get_running_loop()
-
-
-def loop_key() -> object:
-    """What shares one background worker: every thread of the process."""
-    return None
 
 
 ABATCH_LINGER = 0.0
 """How long a batch waits for more to join: one turn of the event loop (every task woken
 together, a pool's cancelled slots, gets there first)."""
 
-BATCH_LINGER = 0.002
-"""Threads arrive less in step: a batch waits two milliseconds for more to join."""
 
 ARENEWER_LINGER = 0.0
 """A task is cheap to start again: the renewal task ends as soon as nothing is renewed."""
 
-RENEWER_LINGER = 5.0
-"""A thread is not: the renewal thread waits this long for new work before it ends, so a
-runner cycling through work IDs starts no thread per cycle."""
 
 # -- calling user code ----------------------------------------------------------------------
 
@@ -313,10 +233,6 @@ async def _ready(value: T) -> T:
     return value
 
 
-def call(fn: Callable[..., T], *args: Any) -> T:
-    return fn(*args)
-
-
 # -- bounding and shielding calls -----------------------------------------------------------
 
 
@@ -329,10 +245,6 @@ async def abounded(timeout: float | None, fn: Callable[..., Awaitable[T]], *args
     if timeout is None:
         return await fn(*args)
     return await awithin(timeout, None, fn, *args)
-
-
-class Abandoned(Exception):
-    """The call was abandoned: nobody wants its result any more."""
 
 
 async def aabandonable(
@@ -369,14 +281,6 @@ async def aabandonable(
     return task.result()
 
 
-def abandonable(
-    abandon: Event, check: Callable[[], float | None], fn: Callable[..., T], *args: Any
-) -> T:
-    """A thread cannot abandon a blocking call: the call runs to its end (and its holders
-    learn of a window closing meanwhile from the clock, whenever they look)."""
-    return fn(*args)
-
-
 async def ashielded(fn: Callable[..., Awaitable[T]], *args: Any) -> T:
     """Await ``fn(*args)`` in a task of its own that a cancellation of the caller does not
     reach: the call runs to its end (others may be waiting for it) and the caller's
@@ -389,20 +293,9 @@ async def ashielded(fn: Callable[..., Awaitable[T]], *args: Any) -> T:
         raise
 
 
-def shielded(fn: Callable[..., T], *args: Any) -> T:
-    """A thread is not cancelled: the call simply runs."""
-    return fn(*args)
-
-
 def _retrieve(task: asyncio.Future[Any]) -> None:
     if not task.cancelled():
         task.exception()  # an abandoned call's failure is not news to anybody
-
-
-def bounded(timeout: float | None, fn: Callable[..., T], *args: Any) -> T:
-    """A thread cannot abandon a blocking call: the call runs unbounded (the lease window is
-    still decided by the clock, and backends bound their own statements)."""
-    return fn(*args)
 
 
 async def awithin(
@@ -436,22 +329,6 @@ async def awithin(
         task.add_done_callback(abandoned)
         raise TimeoutError(f"call did not finish within {timeout:g}s")
     return task.result()
-
-
-def within(timeout: float, late: Callable[[T], object], fn: Callable[..., T], *args: Any) -> T:
-    """Run ``fn(*args)`` in a helper thread for at most ``timeout`` seconds, then raise
-    ``TimeoutError`` (a thread cannot be interrupted: the call is left to finish).
-
-    Should it still finish with a result, ``late(result)`` runs in the helper thread to undo
-    what it did. The call runs in a copy of the caller's context (context variables).
-    """
-    job = _CleanupJob(contextvars.copy_context().run, (fn, *args), late=late)
-    _cleanup_helpers.submit(job)
-    if not job.wait(timeout):
-        raise TimeoutError(f"call did not finish within {timeout:g}s")
-    if job.error is not None:
-        raise job.error
-    return cast(T, job.result)
 
 
 def _log_late_failure(task: asyncio.Future[Any]) -> None:
@@ -529,102 +406,6 @@ async def acleanup(timeout: float, fn: Callable[..., Coroutine[Any, Any, T]], *a
     return task.result()  # the writes' own failure, or their own cancellation, propagates
 
 
-def cleanup(timeout: float, fn: Callable[..., T], *args: Any) -> T:
-    """Run final writes ``fn(*args)`` in a helper thread, waiting at most ``timeout`` seconds.
-
-    On timeout ``TimeoutError`` is raised and the writes are left to finish (or fail) on
-    their own: each is a single atomic statement, so nothing is half-written. Helper threads
-    are daemon threads kept for reuse, so the common case starts no thread.
-    """
-    job = _CleanupJob(fn, args)
-    _cleanup_helpers.submit(job)
-    if not job.done.wait(timeout):
-        raise TimeoutError(f"cleanup did not finish within {timeout:g}s")
-    if job.error is not None:
-        raise job.error
-    return cast(T, job.result)
-
-
-class _CleanupJob:
-    __slots__ = ("_abandoned", "_lock", "args", "done", "error", "fn", "late", "result")
-
-    def __init__(
-        self,
-        fn: Callable[..., Any],
-        args: tuple[Any, ...],
-        late: Callable[[Any], object] | None = None,
-    ) -> None:
-        self.fn = fn
-        self.args = args
-        self.late = late
-        self.done = threading.Event()
-        self.result: Any = None
-        self.error: BaseException | None = None
-        self._abandoned = False
-        self._lock = threading.Lock()
-
-    def wait(self, timeout: float) -> bool:
-        """Wait for the job; False (and the job is abandoned) when ``timeout`` passed first."""
-        if self.done.wait(max(timeout, 0.0)):
-            return True
-        with self._lock:
-            if self.done.is_set():
-                return True
-            self._abandoned = True
-            return False
-
-    def run(self) -> None:
-        try:
-            self.result = self.fn(*self.args)
-        except BaseException as exc:
-            self.error = exc
-        with self._lock:
-            self.done.set()
-            abandoned = self._abandoned
-        if abandoned and self.error is None and self.late is not None:
-            try:
-                self.late(self.result)
-            except Exception as exc:
-                logger.warning("worklease: undoing a late call failed: %r", exc)
-
-
-class _CleanupHelpers:
-    """Daemon threads that run final writes; an idle one is reused, a stuck one is left."""
-
-    IDLE_SECONDS = 60.0
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._jobs: list[_CleanupJob] = []
-        self._idle = 0
-        self._wake = threading.Condition(self._lock)
-
-    def submit(self, job: _CleanupJob) -> None:
-        with self._lock:
-            self._jobs.append(job)
-            # An idle thread leaves the idle count only once it runs again: count the jobs
-            # already waiting for one, so two quick submits never share one idle thread.
-            if len(self._jobs) <= self._idle:
-                self._wake.notify()
-                return
-        threading.Thread(target=self._serve, name="worklease-cleanup", daemon=True).start()
-
-    def _serve(self) -> None:
-        while True:
-            with self._lock:
-                while not self._jobs:
-                    self._idle += 1
-                    woken = self._wake.wait(self.IDLE_SECONDS)
-                    self._idle -= 1
-                    if not woken and not self._jobs:
-                        return  # idle long enough: let the thread go
-                job = self._jobs.pop(0)
-            job.run()
-
-
-_cleanup_helpers = _CleanupHelpers()
-
-
 # -- cancellations lost by third-party waits ------------------------------------------------
 
 
@@ -649,15 +430,6 @@ class ACancelGuard:
         the call returned anyway."""
         if self._task is not None and self._task.cancelling() > self._baseline:
             raise asyncio.CancelledError("cancelled while waiting (the wait lost it)")
-
-
-class CancelGuard:
-    """A thread cannot be cancelled: nothing to lose."""
-
-    __slots__ = ()
-
-    def check(self) -> None:
-        pass
 
 
 # -- cancelling the body of a renewal -------------------------------------------------------
@@ -701,20 +473,3 @@ class AHostCanceller:
         if task.uncancel() > self._baseline:
             return False
         return error is None or isinstance(error, asyncio.CancelledError)
-
-
-class HostCanceller:
-    """A thread cannot be cancelled: loss is reported through flags and the next write."""
-
-    def bind(self) -> None:
-        pass
-
-    @property
-    def requested(self) -> bool:
-        return False
-
-    def cancel(self) -> None:
-        pass
-
-    def consume(self, error: BaseException | None) -> bool:
-        return False

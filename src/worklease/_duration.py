@@ -1,45 +1,62 @@
-"""Parsing and printing human durations for the command line (``90s``, ``1h30m``, ...)."""
+"""Parsing and printing human durations (``30``, ``90s``, ``1h30m``, ...): the command line's, and
+the API's for durations given as strings."""
 
 from __future__ import annotations
 
 import math
 import re
 
-from ._validation import MAX_DURATION
+__all__ = ["MAX_DURATION", "format_duration", "glob_to_regex", "parse_duration"]
 
-__all__ = ["format_duration", "glob_to_regex", "parse_duration"]
+MAX_DURATION = 100 * 365 * 86400.0
+"""Longest duration any parameter accepts, in seconds (100 years).
+
+It keeps every deadline, timer and stored expiry representable: a lease row expiring in 100
+years is still a ``datetime`` Python can read back, and a wait that long is within what
+threads and event loops accept.
+"""
 
 _UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
-_PART = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d)")
+_NUMBER = r"\d+(?:\.\d+)?"
+_SECONDS = re.compile(_NUMBER)
+_PART = re.compile(rf"({_NUMBER})(ms|s|m|h|d)")
 
 
-def parse_duration(text: str) -> float:
-    """Seconds in ``text``: numbers with units, combinable (``500ms``, ``7d``, ``1h30m``).
+def parse_duration(text: str, *, allow_zero: bool = False, name: str = "duration") -> float:
+    """Seconds in ``text``: a number of seconds (``30``, ``2.5``), or numbers with units,
+    combinable (``500ms``, ``90s``, ``7d``, ``1h30m``). The same forms are accepted by the
+    command line and, as strings, by every duration argument of the API.
 
-    Raises ``ValueError`` for anything else, including a bare number or a zero total.
+    Raises ``ValueError`` for anything else, and for a zero total unless ``allow_zero``;
+    ``name`` says what the duration is for in the message.
     """
+    what = "" if name == "duration" else f" for {name}"
     cleaned = text.strip().lower()
     if not cleaned:
-        raise ValueError("empty duration")
-    position = 0
-    total = 0.0
-    seen: set[str] = set()
-    for match in _PART.finditer(cleaned):
-        if match.start() != position:
-            break
-        unit = match.group(2)
-        if unit in seen:
-            raise ValueError(f"bad duration {text!r}: unit {unit!r} given twice")
-        seen.add(unit)
-        total += float(match.group(1)) * _UNITS[unit]
-        position = match.end()
+        raise ValueError(f"empty duration{what}")
+    if _SECONDS.fullmatch(cleaned):
+        total = float(cleaned)
+        position = len(cleaned)
+    else:
+        position = 0
+        total = 0.0
+        seen: set[str] = set()
+        for match in _PART.finditer(cleaned):
+            if match.start() != position:
+                break
+            unit = match.group(2)
+            if unit in seen:
+                raise ValueError(f"bad duration {text!r}{what}: unit {unit!r} given twice")
+            seen.add(unit)
+            total += float(match.group(1)) * _UNITS[unit]
+            position = match.end()
     if position != len(cleaned):
         raise ValueError(
-            f"bad duration {text!r}: use a number with a unit (ms, s, m, h, d), e.g. 90s, "
-            "15m, 7d or 1h30m"
+            f"bad duration {text!r}{what}: use seconds (30, 2.5) or a number with a unit "
+            "(ms, s, m, h, d), e.g. 90s, 15m, 7d or 1h30m"
         )
-    if not math.isfinite(total) or total <= 0:
-        raise ValueError(f"bad duration {text!r}: must be greater than zero")
+    if not math.isfinite(total) or total < 0 or (total == 0 and not allow_zero):
+        raise ValueError(f"bad duration {text!r}{what}: must be greater than zero")
     if total > MAX_DURATION:
         raise ValueError(f"bad duration {text!r}: longer than 100 years")
     return total

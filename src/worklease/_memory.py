@@ -19,7 +19,7 @@ from time import monotonic
 from types import TracebackType
 from typing import TypeVar
 
-from ._acompat import ThreadLock, ThreadRLock, sleep
+from ._compat import ThreadLock, ThreadRLock, sleep
 from ._failures import closed, fenced, held, lease_expired, lease_lapsed
 from ._fairshare import MEMBER_PREFIX, PoolSurvey
 from ._models import Checkpoint, ExitMode, Token

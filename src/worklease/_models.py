@@ -5,8 +5,9 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 from datetime import datetime
+from typing import Literal
 
-__all__ = ["Checkpoint", "ExitMode", "Operation", "Token"]
+__all__ = ["Checkpoint", "DeclaredExit", "ExitMode", "Operation", "Token"]
 
 
 class ExitMode(enum.StrEnum):
@@ -44,6 +45,10 @@ class ExitMode(enum.StrEnum):
         except ValueError:
             return cls.EXPIRED
 
+
+DeclaredExit = Literal["finished", "abandoned", "retired"]
+"""The exit modes ``release`` accepts as strings (or pass ``ExitMode.FINISHED`` and so on):
+typed, so a type checker catches a misspelt mode before it runs."""
 
 _DECLARABLE = frozenset({ExitMode.FINISHED, ExitMode.ABANDONED, ExitMode.RETIRED})
 

@@ -37,7 +37,7 @@ from psycopg import errors as pg_errors
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict
 
-from ._acompat import ThreadLock
+from ._compat import ThreadLock
 from ._failures import fenced, held, lease_expired, lease_lapsed
 from ._fairshare import MEMBER_PREFIX, PoolSurvey
 from ._models import Checkpoint, ExitMode, Token

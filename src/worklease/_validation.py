@@ -6,10 +6,12 @@ import math
 from collections.abc import Sequence
 from datetime import timedelta
 
+from ._duration import MAX_DURATION
 from ._models import ExitMode
 from .errors import ConfigError, InvalidExitModeError
 
 __all__ = [
+    "Duration",
     "MAX_DURATION",
     "MAX_WORK_ID_BYTES",
     "MIN_TTL",
@@ -33,26 +35,33 @@ MAX_WORK_ID_BYTES = 1024
 MIN_TTL = 0.001
 """Shortest lease TTL accepted, in seconds."""
 
-MAX_DURATION = 100 * 365 * 86400.0
-"""Longest duration any parameter accepts, in seconds (100 years).
-
-It keeps every deadline, timer and stored expiry representable: a lease row expiring in 100
-years is still a ``datetime`` Python can read back, and a wait that long is within what
-threads and event loops accept.
-"""
 
 StateLike = bytes | bytearray | memoryview
 
 
-def to_seconds(value: object, name: str) -> float:
-    """Convert a duration (``float``/``int`` seconds or ``timedelta``) to float seconds.
+Duration = float | timedelta | str
+"""A duration: seconds (``30``, ``2.5``), a ``timedelta``, or a string the command line accepts
+too (``"30"``, ``"500ms"``, ``"90s"``, ``"1h30m"``)."""
 
-    Raises ``TypeError`` for anything else (including ``bool``). Range checks are the caller's.
+
+def to_seconds(value: object, name: str) -> float:
+    """Convert a duration (``float``/``int`` seconds, ``timedelta``, or a string such as
+    ``"30s"``, ``"1h30m"`` or ``"30"``) to float seconds.
+
+    Raises ``TypeError`` for anything else (including ``bool``), ``ValueError`` for a string
+    that is not a duration. Range checks are the caller's.
     """
     if isinstance(value, timedelta):
         return value.total_seconds()
+    if isinstance(value, str):
+        from ._duration import parse_duration
+
+        return parse_duration(value, allow_zero=True, name=name)
     if isinstance(value, bool) or not isinstance(value, int | float):
-        raise TypeError(f"{name} must be a number of seconds or a timedelta, not {value!r}")
+        raise TypeError(
+            f"{name} must be a number of seconds, a timedelta or a string such as '30s', "
+            f"not {value!r}"
+        )
     try:
         return float(value)
     except OverflowError:  # an int too large for a float

@@ -11,7 +11,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from ._acompat import ThreadLock
+from ._compat import ThreadLock
 from ._models import Token
 from ._validation import MAX_DURATION, to_seconds
 from .errors import (

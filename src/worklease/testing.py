@@ -10,7 +10,7 @@ import threading
 from datetime import UTC, datetime, timedelta
 from typing import TypeVar
 
-from ._validation import to_seconds
+from ._validation import Duration, to_seconds
 from .errors import ConfigError
 from .observers import (
     AcquireEvent,
@@ -67,7 +67,7 @@ class FakeClock:
         with self._lock:
             return self._now
 
-    def advance(self, seconds: float | timedelta) -> datetime:
+    def advance(self, seconds: Duration) -> datetime:
         """Move forward by ``seconds`` (or a ``timedelta``); returns the new time.
 
         Moving backwards is refused: real clocks used by backends never do that either.

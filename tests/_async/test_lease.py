@@ -33,6 +33,7 @@ from worklease import (
     Checkpoint,
     CheckpointEvent,
     ConfigError,
+    DeclaredExit,
     ExitMode,
     FencedError,
     FencedEvent,
@@ -136,7 +137,8 @@ async def test_l1_backend_required() -> None:
         timedelta(seconds=-1),
         timedelta(microseconds=999),
         True,
-        "5",
+        "soon",
+        "0s",
         None,
     ],
 )
@@ -399,6 +401,17 @@ async def test_l10_invalid_exit_mode(
         await rival.acquire("w1")
 
 
+async def test_a_misspelt_exit_mode_is_a_type_error_too(lease: AsyncLease) -> None:
+    """The mode is typed (``ExitMode | DeclaredExit``): mypy --strict refuses the misspelling
+    below, which is why it carries an ignore (an ignore it did not need would fail the
+    type-check, so a mode typed as any string again would be caught there); at run time it
+    raises InvalidExitModeError."""
+    token = await lease.acquire("w1")
+    with pytest.raises(InvalidExitModeError):
+        await lease.release(token, "finishd")  # type: ignore[arg-type]
+    await lease.release(token, "finished")
+
+
 @pytest.mark.parametrize(
     ("mode", "expected"),
     [
@@ -413,7 +426,7 @@ async def test_l11_release_passes_the_mode(
     rival: AsyncLease,
     backend: ScriptedBackend,
     observer: RecordingObserver,
-    mode: ExitMode | str,
+    mode: ExitMode | DeclaredExit,
     expected: ExitMode,
 ) -> None:
     """L11: each valid mode reaches the backend and is reported in ReleaseEvent.mode."""
@@ -1212,7 +1225,8 @@ async def test_l28_vacuum_requires_backend() -> None:
 
 
 @pytest.mark.parametrize(
-    "retention", [0, 0.0, -1, math.nan, math.inf, timedelta(0), timedelta(hours=-1), "1h", None]
+    "retention",
+    [0, 0.0, -1, math.nan, math.inf, timedelta(0), timedelta(hours=-1), "0s", "soon", None],
 )
 async def test_l28_retention_required(retention: object) -> None:
     """L28: retention that is not a positive duration: RetentionRequiredError, no I/O."""

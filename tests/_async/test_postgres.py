@@ -529,7 +529,7 @@ async def test_bad_input_rejected_before_the_database(postgres_dsn: str) -> None
         with pytest.raises(TypeError):
             await lease.checkpoint(token, "text")  # type: ignore[arg-type]
         with pytest.raises(ValueError):
-            await lease.release(token, "expired")
+            await lease.release(token, "expired")  # type: ignore[arg-type]
         forged = dataclasses.replace(token, fencing_token=token.fencing_token + 1)
         with pytest.raises(ValueError):
             await lease.checkpoint(forged, b"x")

@@ -16,7 +16,7 @@ from typing import Any, Protocol
 from psycopg import Connection
 from psycopg_pool import ConnectionPool
 
-from tests._acompat import sleep, spawn_all
+from tests._compat import sleep, spawn_all
 from worklease import (
     BackendError,
     Checkpoint,
@@ -27,7 +27,7 @@ from worklease import (
     PostgresBackend,
     Token,
 )
-from worklease._acompat import ThreadLock
+from worklease._compat import ThreadLock
 from worklease.testing import FakeClock
 
 __all__ = ["METHODS", "Call", "ScriptedBackend", "lock_waiters", "spin", "transient"]

@@ -21,7 +21,7 @@ from psycopg import Connection
 from psycopg_pool import ConnectionPool
 
 from tests import pg
-from tests._acompat import sleep, spawn_all
+from tests._compat import sleep, spawn_all
 from worklease import AcquireEvent, ExitMode, Lease, LeaseHeldError, PostgresBackend
 from worklease.testing import RecordingObserver
 

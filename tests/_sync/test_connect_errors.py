@@ -22,7 +22,7 @@ from psycopg_pool import ConnectionPool
 from psycopg_pool.base import AttemptWithBackoff
 
 from tests import pg
-from tests._acompat import sleep, spawn_all
+from tests._compat import sleep, spawn_all
 from tests.proxy import proxied
 from worklease import (
     BackendError,

@@ -34,7 +34,7 @@ from worklease import (
     LeaseHeldError,
     Token,
 )
-from worklease._acompat import sleep
+from worklease._compat import sleep
 from worklease._sync.watch import ReleaseWatch
 
 pytestmark = pytest.mark.etcd

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from worklease import BackendError, EtcdBackend, ExitMode, Vacuum
-from worklease._acompat import sleep
+from worklease._compat import sleep
 
 pytestmark = pytest.mark.etcd
 

@@ -30,9 +30,9 @@ import httpx
 import pytest
 
 from tests import etcd
-from tests._acompat import spawn_all
+from tests._compat import spawn_all
 from worklease import BackendError, EtcdBackend, Lease, Token
-from worklease._acompat import Event, Worker, join_all, sleep, spawn
+from worklease._compat import Event, Worker, join_all, sleep, spawn
 from worklease._deadline import bounded_by
 from worklease._etcd import MAIN_CONNECTIONS
 from worklease._sync import etcd as etcd_backend

@@ -18,7 +18,7 @@ import pytest
 
 from tests import etcd
 from worklease import BackendError, EtcdBackend, ExitMode, LeaseHeldError
-from worklease._acompat import sleep
+from worklease._compat import sleep
 from worklease._etcd import prefix_end
 
 pytestmark = pytest.mark.etcd

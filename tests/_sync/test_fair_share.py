@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 
-from tests._acompat import sleep, spawn_all
+from tests._compat import sleep, spawn_all
 from worklease import (
     Backend,
     BackendError,
@@ -36,7 +36,7 @@ from worklease import (
     Token,
     current_renewal,
 )
-from worklease._acompat import Event, ThreadLock
+from worklease._compat import Event, ThreadLock
 
 _IS_SYNC = True
 

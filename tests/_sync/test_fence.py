@@ -13,7 +13,7 @@ import psycopg
 import pytest
 
 from tests import pg
-from tests._acompat import sleep
+from tests._compat import sleep
 from worklease import ExitMode, Lease
 
 from .helpers import close_backend, open_backend

@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from tests._acompat import sleep, spawn_all
+from tests._compat import sleep, spawn_all
 from worklease import (
     Backend,
     BackendError,
@@ -32,7 +32,7 @@ from worklease import (
     LeaseLostError,
     Token,
 )
-from worklease._acompat import Event
+from worklease._compat import Event
 from worklease._sync import group as group_module
 from worklease._sync.group import GroupCommit
 

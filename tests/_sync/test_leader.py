@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from tests._acompat import sleep, spawn_all
+from tests._compat import sleep, spawn_all
 from worklease import (
     Backend,
     Backoff,

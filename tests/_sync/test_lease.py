@@ -24,7 +24,7 @@ from time import monotonic
 
 import pytest
 
-from tests._acompat import sleep, spawn_all
+from tests._compat import sleep, spawn_all
 from worklease import (
     AcquireEvent,
     BackendError,
@@ -33,6 +33,7 @@ from worklease import (
     Checkpoint,
     CheckpointEvent,
     ConfigError,
+    DeclaredExit,
     ExitMode,
     FencedError,
     FencedEvent,
@@ -139,7 +140,8 @@ def test_l1_backend_required() -> None:
         timedelta(seconds=-1),
         timedelta(microseconds=999),
         True,
-        "5",
+        "soon",
+        "0s",
         None,
     ],
 )
@@ -396,6 +398,17 @@ def test_l10_invalid_exit_mode(
         rival.acquire("w1")
 
 
+def test_a_misspelt_exit_mode_is_a_type_error_too(lease: Lease) -> None:
+    """The mode is typed (``ExitMode | DeclaredExit``): mypy --strict refuses the misspelling
+    below, which is why it carries an ignore (an ignore it did not need would fail the
+    type-check, so a mode typed as any string again would be caught there); at run time it
+    raises InvalidExitModeError."""
+    token = lease.acquire("w1")
+    with pytest.raises(InvalidExitModeError):
+        lease.release(token, "finishd")  # type: ignore[arg-type]
+    lease.release(token, "finished")
+
+
 @pytest.mark.parametrize(
     ("mode", "expected"),
     [
@@ -410,7 +423,7 @@ def test_l11_release_passes_the_mode(
     rival: Lease,
     backend: ScriptedBackend,
     observer: RecordingObserver,
-    mode: ExitMode | str,
+    mode: ExitMode | DeclaredExit,
     expected: ExitMode,
 ) -> None:
     """L11: each valid mode reaches the backend and is reported in ReleaseEvent.mode."""
@@ -1201,7 +1214,8 @@ def test_l28_vacuum_requires_backend() -> None:
 
 
 @pytest.mark.parametrize(
-    "retention", [0, 0.0, -1, math.nan, math.inf, timedelta(0), timedelta(hours=-1), "1h", None]
+    "retention",
+    [0, 0.0, -1, math.nan, math.inf, timedelta(0), timedelta(hours=-1), "0s", "soon", None],
 )
 def test_l28_retention_required(retention: object) -> None:
     """L28: retention that is not a positive duration: RetentionRequiredError, no I/O."""

@@ -14,7 +14,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from tests._acompat import spawn_all
+from tests._compat import spawn_all
 from worklease import (
     ExitMode,
     FencedError,

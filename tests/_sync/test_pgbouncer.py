@@ -22,7 +22,7 @@ import pytest
 from psycopg_pool import ConnectionPool
 
 from tests import pg
-from tests._acompat import sleep, spawn_all
+from tests._compat import sleep, spawn_all
 from worklease import ConfigError, ExitMode, Lease, PostgresBackend, Token
 
 from .helpers import close_backend, handed_over, open_backend

@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from tests._acompat import sleep, spawn_all
+from tests._compat import sleep, spawn_all
 from worklease import (
     AllSlotsDeadError,
     Backend,
@@ -45,7 +45,7 @@ from worklease import (
     current_renewal,
     permanent,
 )
-from worklease._acompat import Event
+from worklease._compat import Event
 from worklease.observers import (
     AcquireEvent,
     PoolObserver,
@@ -800,7 +800,7 @@ def test_grants_whose_slot_could_not_start_are_handed_back_and_taken_again(
     """Starting the fifth slot of a scan fails (as a thread that cannot start would): the
     grants after it are released at once instead of staying claimed without a slot, and a
     later scan takes them again, so the pool ends up holding every work ID."""
-    from worklease._acompat import spawn as real
+    from worklease._compat import spawn as real
     from worklease._sync import pool as pool_module
 
     calls = itertools.count(1)

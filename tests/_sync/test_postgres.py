@@ -24,7 +24,7 @@ from psycopg.pq import TransactionStatus
 from psycopg_pool import ConnectionPool
 
 from tests import pg
-from tests._acompat import sleep, spawn_all
+from tests._compat import sleep, spawn_all
 from tests.proxy import proxied
 from worklease import (
     BackendError,
@@ -522,7 +522,7 @@ def test_bad_input_rejected_before_the_database(postgres_dsn: str) -> None:
         with pytest.raises(TypeError):
             lease.checkpoint(token, "text")  # type: ignore[arg-type]
         with pytest.raises(ValueError):
-            lease.release(token, "expired")
+            lease.release(token, "expired")  # type: ignore[arg-type]
         forged = dataclasses.replace(token, fencing_token=token.fencing_token + 1)
         with pytest.raises(ValueError):
             lease.checkpoint(forged, b"x")

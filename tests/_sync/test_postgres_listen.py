@@ -25,7 +25,7 @@ from psycopg.rows import dict_row
 from psycopg_pool import ConnectionPool
 
 from tests import pg
-from tests._acompat import sleep
+from tests._compat import sleep
 from worklease import ExitMode, FencedError, Lease, PostgresBackend
 
 from .helpers import close_backend, handed_over, open_backend

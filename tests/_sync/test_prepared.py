@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from tests import pg
-from tests._acompat import spawn_all
+from tests._compat import spawn_all
 from worklease import BackendError, ConfigError, ExitMode, Lease, LeaseHeldError
 
 from .helpers import close_backend, open_backend

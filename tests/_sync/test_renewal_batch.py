@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from tests._acompat import sleep, spawn_all
+from tests._compat import sleep, spawn_all
 from worklease import (
     ExitMode,
     FencedError,
@@ -17,7 +17,7 @@ from worklease import (
     MemoryBackend,
     Token,
 )
-from worklease._acompat import Event
+from worklease._compat import Event
 from worklease.observers import FencedEvent, RenewEvent
 from worklease.testing import RecordingObserver
 

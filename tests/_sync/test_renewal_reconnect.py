@@ -19,7 +19,7 @@ import pytest
 from psycopg_pool import ConnectionPool
 
 from tests import pg
-from tests._acompat import sleep
+from tests._compat import sleep
 from tests.proxy import Proxy, proxied
 from worklease import BackendError, Lease, PostgresBackend
 

@@ -9,7 +9,7 @@ from time import monotonic
 
 import pytest
 
-from tests._acompat import sleep, spawn_all
+from tests._compat import sleep, spawn_all
 from worklease import (
     Checkpoint,
     FencedError,

@@ -14,7 +14,7 @@ import pytest
 from psycopg_pool import ConnectionPool
 
 from tests import pg
-from tests._acompat import sleep, spawn_all
+from tests._compat import sleep, spawn_all
 from worklease import (
     Backend,
     BackendError,

@@ -32,7 +32,7 @@ from worklease import (
     Token,
     _pacing,
 )
-from worklease._acompat import sleep
+from worklease._compat import sleep
 from worklease.observers import RenewEvent
 from worklease.testing import RecordingObserver
 

@@ -41,7 +41,7 @@ from worklease import (
     Token,
     Vacuum,
 )
-from worklease._acompat import sleep
+from worklease._compat import sleep
 from worklease.observers import CheckpointEvent, RenewEvent
 from worklease.testing import RecordingObserver
 

@@ -46,7 +46,7 @@ import pytest
 
 import worklease
 from tests import etcd
-from tests._acompat import spawn_all
+from tests._compat import spawn_all
 from worklease import ExitMode, FencedError, Lease, LeaseHeldError, LeaseObserver, RenewEvent
 from worklease.errors import BackendError, LeaseLostError
 

@@ -42,7 +42,7 @@ from worklease import (
     PostgresBackend,
     Token,
 )
-from worklease._acompat import sleep
+from worklease._compat import sleep
 from worklease.observers import RenewEvent
 from worklease.testing import RecordingObserver
 

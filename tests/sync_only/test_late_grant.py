@@ -14,7 +14,7 @@ import pytest
 
 from tests._sync.helpers import ScriptedBackend
 from worklease import ExitMode, Lease
-from worklease._acompat import _CleanupHelpers, _CleanupJob
+from worklease._compat import _CleanupHelpers, _CleanupJob
 
 
 def test_a_late_grant_is_handed_back_keeping_the_declared_exit() -> None:

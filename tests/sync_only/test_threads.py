@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterator, Sequence
 
 import pytest
 
-from tests._acompat import spawn_all
+from tests._compat import spawn_all
 from worklease import (
     ExitMode,
     FencedError,

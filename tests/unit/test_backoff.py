@@ -63,7 +63,7 @@ def test_nan_is_refused(values: tuple[float, float, float]) -> None:
         Backoff(*values)
 
 
-@pytest.mark.parametrize("bad", ["1", None, True, 10**400])
+@pytest.mark.parametrize("bad", ["soon", None, True, 10**400])
 def test_non_durations_are_refused(bad: object) -> None:
     with pytest.raises(ConfigError):
         Backoff(initial=bad)

@@ -21,6 +21,8 @@ from worklease._duration import format_duration, glob_to_regex, parse_duration
         ("1d2h3m4s5ms", 93784.005),
         ("1.5h", 5400.0),
         (" 10S ", 10.0),
+        ("10", 10.0),  # a bare number: seconds, as the API takes numbers
+        ("2.5", 2.5),
     ],
 )
 def test_parse_duration(text: str, seconds: float) -> None:
@@ -28,7 +30,7 @@ def test_parse_duration(text: str, seconds: float) -> None:
 
 
 @pytest.mark.parametrize(
-    "text", ["", "10", "1x", "h", "0s", "0ms", "5s5s", "1h 30m", "-5s", "99999999999d"]
+    "text", ["", "1x", "h", "0s", "0ms", "0", "5s5s", "1h 30m", "-5s", "-5", "99999999999d", "1e3"]
 )
 def test_parse_duration_rejects(text: str) -> None:
     with pytest.raises(ValueError, match="duration"):
@@ -73,3 +75,10 @@ def test_glob_to_regex(pattern: str, matches: list[str], misses: list[str]) -> N
 def test_glob_to_regex_rejects(pattern: str) -> None:
     with pytest.raises(ValueError, match="bad pattern"):
         glob_to_regex(pattern)
+
+
+def test_zero_is_a_duration_where_asked_for() -> None:
+    assert parse_duration("0", allow_zero=True) == 0.0
+    assert parse_duration("0s", allow_zero=True) == 0.0
+    with pytest.raises(ValueError, match="for timeout"):
+        parse_duration("soon", allow_zero=True, name="timeout")

@@ -34,13 +34,16 @@ def test_jitter_scales_with_base() -> None:
 
 
 @pytest.mark.parametrize(
-    ("value", "expected"), [(1, 1.0), (0.25, 0.25), (timedelta(milliseconds=1500), 1.5)]
+    ("value", "expected"),
+    [(1, 1.0), (0.25, 0.25), (timedelta(milliseconds=1500), 1.5), ("1", 1.0), ("1.5s", 1.5)],
 )
 def test_interval_accepts(value: object, expected: float) -> None:
     assert interval(value, "idle_interval") == pytest.approx(expected)
 
 
-@pytest.mark.parametrize("value", [0, -1, -0.5, math.nan, math.inf, timedelta(0), "1", None, True])
+@pytest.mark.parametrize(
+    "value", [0, -1, -0.5, math.nan, math.inf, timedelta(0), "0s", "soon", None, True]
+)
 def test_interval_rejects(value: object) -> None:
     with pytest.raises(ConfigError, match="idle_interval"):
         interval(value, "idle_interval")

@@ -86,6 +86,10 @@ def test_invalid_holder_ids(holder_id: object) -> None:
         (MIN_TTL, 0.001),
         (timedelta(seconds=2), 2.0),
         (timedelta(milliseconds=1), 0.001),
+        ("30", 30.0),  # strings as the command line takes them
+        ("30s", 30.0),
+        ("1m30s", 90.0),
+        ("500ms", 0.5),
     ],
 )
 def test_valid_ttls(ttl: object, seconds: float) -> None:
@@ -106,7 +110,10 @@ def test_valid_ttls(ttl: object, seconds: float) -> None:
         math.inf,
         -math.inf,
         math.nan,
-        "30",
+        "0s",
+        "thirty",
+        "30 s",
+        "-30s",
         None,
         True,
         False,
@@ -129,8 +136,14 @@ def test_positive_seconds() -> None:
         positive_seconds(0, "interval")
     with pytest.raises(ValueError):
         positive_seconds(0.5, "x", minimum=1.0)
+    assert positive_seconds("1", "x") == 1.0
+    assert positive_seconds("2h", "x") == 7200.0
+    with pytest.raises(ValueError, match="interval"):
+        positive_seconds("0s", "interval")
+    with pytest.raises(ValueError, match="for interval"):
+        positive_seconds("soon", "interval")
     with pytest.raises(TypeError):
-        positive_seconds("1", "x")
+        positive_seconds(b"1", "x")
 
 
 # -- durations ------------------------------------------------------------------------------
@@ -146,6 +159,11 @@ def test_positive_seconds() -> None:
         (timedelta(minutes=1, milliseconds=500), 60.5),
         (timedelta(microseconds=1), 1e-6),
         (timedelta(seconds=-3), -3.0),
+        ("1", 1.0),
+        ("0", 0.0),
+        ("0.25", 0.25),
+        ("1m0.5s", 60.5),
+        ("250ms", 0.25),
     ],
 )
 def test_to_seconds(value: object, seconds: float) -> None:
@@ -154,9 +172,15 @@ def test_to_seconds(value: object, seconds: float) -> None:
     assert type(result) is float
 
 
-@pytest.mark.parametrize("value", [True, False, "1", None, b"1", [1]])
+@pytest.mark.parametrize("value", [True, False, None, b"1", [1]])
 def test_to_seconds_rejects_non_durations(value: object) -> None:
     with pytest.raises(TypeError, match="poll_interval"):
+        to_seconds(value, "poll_interval")
+
+
+@pytest.mark.parametrize("value", ["", "soon", "1x", "-1s", "1 h"])
+def test_to_seconds_rejects_strings_that_are_no_duration(value: str) -> None:
+    with pytest.raises(ValueError, match="poll_interval"):
         to_seconds(value, "poll_interval")
 
 

@@ -7,7 +7,7 @@ from types import TracebackType
 from typing import Protocol
 
 from .._acompat import acleanup
-from .._models import Checkpoint, ExitMode, Token
+from .._models import Checkpoint, DeclaredExit, ExitMode, Token
 from .._options import AcquireOptions, HoldOptions, RenewalOptions
 from .._types import AsyncReleaser
 from .._validation import normalize_state
@@ -33,7 +33,7 @@ class HoldingLease(Protocol):
 
     def transaction(self, token: Token) -> AsyncLeaseTransaction: ...
 
-    async def release(self, token: Token, mode: ExitMode | str) -> None: ...
+    async def release(self, token: Token, mode: ExitMode | DeclaredExit) -> None: ...
 
     def _renewal(self, token: Token, options: RenewalOptions) -> AsyncRenewal: ...
 

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 
 from .._acompat import abounded, asleep, awithin
 from .._batching import chunks, write_lanes
 from .._deadline import bounded_by
 from .._fairshare import PoolSurvey
-from .._models import Checkpoint, ExitMode, Token
+from .._models import Checkpoint, DeclaredExit, ExitMode, Token
 from .._options import (
     DEFAULT_CLEANUP_TIMEOUT,
     DEFAULT_POLL_INTERVAL,
@@ -24,6 +24,7 @@ from .._options import (
 from .._pacing import WaitPacing
 from .._report import LeaseReporter
 from .._validation import (
+    Duration,
     check_exit_mode,
     check_holder_id,
     check_ttl,
@@ -74,7 +75,7 @@ class AsyncLease:
         backend: AsyncBackend,
         *,
         holder_id: str,
-        ttl: float | timedelta,
+        ttl: Duration,
         observer: LeaseObserver | None = None,
     ) -> None:
         if backend is None:
@@ -140,8 +141,8 @@ class AsyncLease:
         work_id: str,
         *,
         wait: bool = False,
-        timeout: float | timedelta | None = None,
-        poll_interval: float | timedelta = DEFAULT_POLL_INTERVAL,
+        timeout: Duration | None = None,
+        poll_interval: Duration = DEFAULT_POLL_INTERVAL,
     ) -> Token:
         """Acquire the lease on ``work_id`` and return its token.
 
@@ -424,7 +425,7 @@ class AsyncLease:
             outcomes.extend(await many.renew_many(part, self._ttl))
         return outcomes
 
-    async def release(self, token: Token, mode: ExitMode | str) -> None:
+    async def release(self, token: Token, mode: ExitMode | DeclaredExit) -> None:
         """Record how this holder leaves and make the work ID acquirable at once.
 
         ``mode`` is FINISHED, ABANDONED or RETIRED (anything else raises
@@ -482,7 +483,7 @@ class AsyncLease:
         self,
         token: Token,
         *,
-        interval: float | timedelta | None = None,
+        interval: Duration | None = None,
         backoff: Backoff | None = None,
     ) -> AsyncRenewal:
         """A background renewal of ``token``, run while its context manager is entered.
@@ -503,11 +504,11 @@ class AsyncLease:
         work_id: str,
         *,
         wait: bool = False,
-        timeout: float | timedelta | None = None,
-        poll_interval: float | timedelta = DEFAULT_POLL_INTERVAL,
-        interval: float | timedelta | None = None,
+        timeout: Duration | None = None,
+        poll_interval: Duration = DEFAULT_POLL_INTERVAL,
+        interval: Duration | None = None,
         backoff: Backoff | None = None,
-        cleanup_timeout: float | timedelta = DEFAULT_CLEANUP_TIMEOUT,
+        cleanup_timeout: Duration = DEFAULT_CLEANUP_TIMEOUT,
     ) -> AsyncHold:
         """Hold ``work_id`` for the duration of a ``with`` block (see the hold class).
 
@@ -580,7 +581,7 @@ class AsyncLease:
         return results
 
     async def _release_together(
-        self, tokens: list[Token], mode: ExitMode | str
+        self, tokens: list[Token], mode: ExitMode | DeclaredExit
     ) -> list[Exception | None]:
         """Release ``tokens`` with ``mode`` in one backend call when the backend can (else one
         by one); return each token's outcome (``None``: released), each reported like a

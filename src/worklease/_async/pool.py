@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable
-from datetime import timedelta
 
 from .._acompat import (
     AEvent,
@@ -44,7 +43,7 @@ from .._options import (
 from .._pacing import is_permanent, jittered
 from .._report import scan_report
 from .._types import AsyncWorkFn
-from .._validation import check_flag
+from .._validation import Duration, check_flag
 from .._window import Backoff, monotonic
 from ..errors import (
     AllSlotsDeadError,
@@ -163,12 +162,12 @@ class AsyncPool:
         work_ids: Iterable[str],
         work: AsyncWorkFn,
         *,
-        idle_interval: float | timedelta = 1.0,
-        rerun_interval: float | timedelta = 1.0,
-        backoff_interval: float | timedelta = 1.0,
-        cleanup_timeout: float | timedelta = DEFAULT_CLEANUP_TIMEOUT,
+        idle_interval: Duration = 1.0,
+        rerun_interval: Duration = 1.0,
+        backoff_interval: Duration = 1.0,
+        cleanup_timeout: Duration = DEFAULT_CLEANUP_TIMEOUT,
         observer: PoolObserver | None = None,
-        renewal_interval: float | timedelta | None = None,
+        renewal_interval: Duration | None = None,
         renewal_backoff: Backoff | None = None,
         fair_share: bool = True,
         group: str | None = None,

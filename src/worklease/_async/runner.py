@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from datetime import timedelta
 
 from .._acompat import acall
 from .._models import Checkpoint, ExitMode, Token
@@ -18,6 +17,7 @@ from .._options import (
     hold_options,
 )
 from .._types import AsyncReleaser, AsyncWorkFn
+from .._validation import Duration
 from .._window import Backoff
 from ..errors import ConfigError, LeaseRequiredError, WorkFnRequiredError
 from .hold import AsyncHold
@@ -55,11 +55,11 @@ class AsyncRunner:
         lease: AsyncLease,
         work: AsyncWorkFn,
         *,
-        cleanup_timeout: float | timedelta = DEFAULT_CLEANUP_TIMEOUT,
+        cleanup_timeout: Duration = DEFAULT_CLEANUP_TIMEOUT,
         acquire_wait: bool = False,
-        acquire_timeout: float | timedelta | None = None,
-        poll_interval: float | timedelta = DEFAULT_POLL_INTERVAL,
-        renewal_interval: float | timedelta | None = None,
+        acquire_timeout: Duration | None = None,
+        poll_interval: Duration = DEFAULT_POLL_INTERVAL,
+        renewal_interval: Duration | None = None,
         renewal_backoff: Backoff | None = None,
     ) -> None:
         self._lease = check_instance(lease, AsyncLease, "lease", LeaseRequiredError)

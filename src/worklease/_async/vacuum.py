@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-from datetime import timedelta
-
 from .._options import check_instance
 from .._report import sweep_report
-from .._validation import check_flag, positive_seconds
+from .._validation import Duration, check_flag, positive_seconds
 from ..errors import BackendRequiredError, ConfigError, RetentionRequiredError
 from ..observers import VacuumObserver
 from .backend import AsyncBackend
@@ -31,7 +29,7 @@ class AsyncVacuum:
         self._backend = backend
         self._observer = observer if observer is not None else VacuumObserver()
 
-    async def sweep(self, retention: float | timedelta, include_expired: bool = False) -> int:
+    async def sweep(self, retention: Duration, include_expired: bool = False) -> int:
         """Delete unheld rows last updated more than ``retention`` seconds ago.
 
         Deletes rows released RETIRED and, with ``include_expired``, rows whose lease lapsed

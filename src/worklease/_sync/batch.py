@@ -12,7 +12,7 @@ outcome (and its own observer event).
 
 from __future__ import annotations
 
-from .._acompat import BATCH_LINGER, Event, ThreadLock, Worker, sleep, spawn
+from .._compat import BATCH_LINGER, Event, ThreadLock, Worker, sleep, spawn
 from .._models import ExitMode, Token
 from .._types import Releaser
 from .lease import Lease

@@ -23,7 +23,6 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from psycopg.rows import tuple_row
 from psycopg_pool import ConnectionPool
 
-from .._acompat import Worker, cancel_worker, join_all, sleep, spawn
 from .._check import (
     COLUMNS_QUERY,
     DEFAULT_POOL_SIZE,
@@ -80,6 +79,7 @@ from .._check import (
     session_attrs,
     setting_levels,
 )
+from .._compat import Worker, cancel_worker, join_all, sleep, spawn
 from .._failures import first_line
 from .._pg import FENCE, LEGACY_INDEX, MEMBERS_INDEX, SEQUENCE, TABLE, check_conninfo
 from ..errors import ConfigError

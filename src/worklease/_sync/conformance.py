@@ -48,7 +48,7 @@ from typing import Any, ClassVar
 
 import pytest
 
-from .._acompat import sleep
+from .._compat import sleep
 from .._models import Checkpoint, ExitMode, Token
 from .._validation import MAX_DURATION
 from ..errors import (

@@ -26,7 +26,7 @@ except ImportError as exc:  # pragma: no cover - depends on the installation
         "(pip install 'worklease[etcd]')"
     ) from exc
 
-from .._acompat import Event, ThreadLock, Worker, cancel_worker, join_all, spawn
+from .._compat import Event, ThreadLock, Worker, cancel_worker, join_all, spawn
 from .._deadline import seconds_left
 from .._etcd import (
     ACQUIRE_COMPARES,

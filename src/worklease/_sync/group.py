@@ -27,7 +27,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Generic, TypeVar
 
-from .._acompat import Event, ThreadLock, shielded
+from .._compat import Event, ThreadLock, shielded
 from .._deadline import bounded_by
 from .._types import WriteMany, WriteOne
 from ..errors import BackendError

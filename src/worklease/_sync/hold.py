@@ -9,8 +9,8 @@ from collections.abc import Callable
 from types import TracebackType
 from typing import Protocol
 
-from .._acompat import cleanup
-from .._models import Checkpoint, ExitMode, Token
+from .._compat import cleanup
+from .._models import Checkpoint, DeclaredExit, ExitMode, Token
 from .._options import AcquireOptions, HoldOptions, RenewalOptions
 from .._types import Releaser
 from .._validation import normalize_state
@@ -36,7 +36,7 @@ class HoldingLease(Protocol):
 
     def transaction(self, token: Token) -> LeaseTransaction: ...
 
-    def release(self, token: Token, mode: ExitMode | str) -> None: ...
+    def release(self, token: Token, mode: ExitMode | DeclaredExit) -> None: ...
 
     def _renewal(self, token: Token, options: RenewalOptions) -> Renewal: ...
 

@@ -6,9 +6,9 @@
 from __future__ import annotations
 
 import logging
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 
-from .._acompat import Event, call, cleanup
+from .._compat import Event, call, cleanup
 from .._models import ExitMode, Token
 from .._options import (
     DEFAULT_CLEANUP_TIMEOUT,
@@ -23,7 +23,7 @@ from .._options import (
 )
 from .._pacing import WaitPacing, jittered
 from .._types import TokenCallback
-from .._validation import check_work_id
+from .._validation import Duration, check_work_id
 from .._window import Backoff
 from ..errors import (
     ConfigError,
@@ -74,15 +74,15 @@ class Leader:
         lease: Lease,
         work_id: str,
         *,
-        idle_interval: float | timedelta = 1.0,
-        backoff_interval: float | timedelta = 1.0,
-        cleanup_timeout: float | timedelta = DEFAULT_CLEANUP_TIMEOUT,
+        idle_interval: Duration = 1.0,
+        backoff_interval: Duration = 1.0,
+        cleanup_timeout: Duration = DEFAULT_CLEANUP_TIMEOUT,
         on_elected: TokenCallback | None = None,
         on_lost: TokenCallback | None = None,
         on_relinquished: TokenCallback | None = None,
         acquire_wait: bool = False,
-        poll_interval: float | timedelta = DEFAULT_POLL_INTERVAL,
-        renewal_interval: float | timedelta | None = None,
+        poll_interval: Duration = DEFAULT_POLL_INTERVAL,
+        renewal_interval: Duration | None = None,
         renewal_backoff: Backoff | None = None,
     ) -> None:
         self._lease = check_instance(lease, Lease, "lease", LeaseRequiredError)

@@ -6,13 +6,13 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 
-from .._acompat import bounded, sleep, within
 from .._batching import chunks, write_lanes
+from .._compat import bounded, sleep, within
 from .._deadline import bounded_by
 from .._fairshare import PoolSurvey
-from .._models import Checkpoint, ExitMode, Token
+from .._models import Checkpoint, DeclaredExit, ExitMode, Token
 from .._options import (
     DEFAULT_CLEANUP_TIMEOUT,
     DEFAULT_POLL_INTERVAL,
@@ -27,6 +27,7 @@ from .._options import (
 from .._pacing import WaitPacing
 from .._report import LeaseReporter
 from .._validation import (
+    Duration,
     check_exit_mode,
     check_holder_id,
     check_ttl,
@@ -77,7 +78,7 @@ class Lease:
         backend: Backend,
         *,
         holder_id: str,
-        ttl: float | timedelta,
+        ttl: Duration,
         observer: LeaseObserver | None = None,
     ) -> None:
         if backend is None:
@@ -141,8 +142,8 @@ class Lease:
         work_id: str,
         *,
         wait: bool = False,
-        timeout: float | timedelta | None = None,
-        poll_interval: float | timedelta = DEFAULT_POLL_INTERVAL,
+        timeout: Duration | None = None,
+        poll_interval: Duration = DEFAULT_POLL_INTERVAL,
     ) -> Token:
         """Acquire the lease on ``work_id`` and return its token.
 
@@ -421,7 +422,7 @@ class Lease:
             outcomes.extend(many.renew_many(part, self._ttl))
         return outcomes
 
-    def release(self, token: Token, mode: ExitMode | str) -> None:
+    def release(self, token: Token, mode: ExitMode | DeclaredExit) -> None:
         """Record how this holder leaves and make the work ID acquirable at once.
 
         ``mode`` is FINISHED, ABANDONED or RETIRED (anything else raises
@@ -477,7 +478,7 @@ class Lease:
         self,
         token: Token,
         *,
-        interval: float | timedelta | None = None,
+        interval: Duration | None = None,
         backoff: Backoff | None = None,
     ) -> Renewal:
         """A background renewal of ``token``, run while its context manager is entered.
@@ -498,11 +499,11 @@ class Lease:
         work_id: str,
         *,
         wait: bool = False,
-        timeout: float | timedelta | None = None,
-        poll_interval: float | timedelta = DEFAULT_POLL_INTERVAL,
-        interval: float | timedelta | None = None,
+        timeout: Duration | None = None,
+        poll_interval: Duration = DEFAULT_POLL_INTERVAL,
+        interval: Duration | None = None,
         backoff: Backoff | None = None,
-        cleanup_timeout: float | timedelta = DEFAULT_CLEANUP_TIMEOUT,
+        cleanup_timeout: Duration = DEFAULT_CLEANUP_TIMEOUT,
     ) -> Hold:
         """Hold ``work_id`` for the duration of a ``with`` block (see the hold class).
 
@@ -575,7 +576,7 @@ class Lease:
         return results
 
     def _release_together(
-        self, tokens: list[Token], mode: ExitMode | str
+        self, tokens: list[Token], mode: ExitMode | DeclaredExit
     ) -> list[Exception | None]:
         """Release ``tokens`` with ``mode`` in one backend call when the backend can (else one
         by one); return each token's outcome (``None``: released), each reported like a

@@ -20,7 +20,7 @@ from psycopg import ClientCursor, Connection, sql
 from psycopg.rows import tuple_row
 from psycopg_pool import ConnectionPool, PoolTimeout
 
-from .._acompat import CancelGuard, Event, Worker, cancel_worker, join_all, spawn
+from .._compat import CancelGuard, Event, Worker, cancel_worker, join_all, spawn
 from .._failures import first_line
 from .._pg import RELEASE_CHANNEL, map_error
 from .._window import Backoff, monotonic

@@ -18,8 +18,8 @@ from psycopg import errors as pg_errors
 from psycopg.rows import tuple_row
 from psycopg_pool import ConnectionPool, PoolTimeout
 
-from .._acompat import CancelGuard, ThreadLock
 from .._cancel_watch import CancelTicket, watch_statement
+from .._compat import CancelGuard, ThreadLock
 from .._deadline import seconds_left
 from .._failures import closed, commit_unknown, fenced, lease_lapsed
 from .._fairshare import PoolSurvey

@@ -9,7 +9,7 @@ import logging
 from types import TracebackType
 from typing import TYPE_CHECKING
 
-from .._acompat import (
+from .._compat import (
     RENEWER_LINGER,
     Abandoned,
     Event,

@@ -6,9 +6,8 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from datetime import timedelta
 
-from .._acompat import call
+from .._compat import call
 from .._models import Checkpoint, ExitMode, Token
 from .._options import (
     DEFAULT_CLEANUP_TIMEOUT,
@@ -21,6 +20,7 @@ from .._options import (
     hold_options,
 )
 from .._types import Releaser, WorkFn
+from .._validation import Duration
 from .._window import Backoff
 from ..errors import ConfigError, LeaseRequiredError, WorkFnRequiredError
 from .hold import Hold
@@ -58,11 +58,11 @@ class Runner:
         lease: Lease,
         work: WorkFn,
         *,
-        cleanup_timeout: float | timedelta = DEFAULT_CLEANUP_TIMEOUT,
+        cleanup_timeout: Duration = DEFAULT_CLEANUP_TIMEOUT,
         acquire_wait: bool = False,
-        acquire_timeout: float | timedelta | None = None,
-        poll_interval: float | timedelta = DEFAULT_POLL_INTERVAL,
-        renewal_interval: float | timedelta | None = None,
+        acquire_timeout: Duration | None = None,
+        poll_interval: Duration = DEFAULT_POLL_INTERVAL,
+        renewal_interval: Duration | None = None,
         renewal_backoff: Backoff | None = None,
     ) -> None:
         self._lease = check_instance(lease, Lease, "lease", LeaseRequiredError)

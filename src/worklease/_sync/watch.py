@@ -17,7 +17,7 @@ from collections.abc import Iterable
 from types import TracebackType
 from typing import Protocol, runtime_checkable
 
-from .._acompat import Event, ThreadLock
+from .._compat import Event, ThreadLock
 from .._window import monotonic
 
 __all__ = ["ReleaseHub", "ReleaseWatch", "ReleaseWatching", "open_release_watch"]

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Final
 
-from .._acompat import ThreadLock
+from .._compat import ThreadLock
 from .._models import Token
 from ..errors import FencedError, LeaseExpiredError, LeaseHeldError, LeaseLostError
 from ..observers import (
