@@ -22,8 +22,8 @@ try:
     import httpx
 except ImportError as exc:  # pragma: no cover - depends on the installation
     raise ImportError(
-        "the etcd backend needs httpx: install worklease's etcd extra "
-        "(pip install 'worklease[etcd]')"
+        "the etcd backend needs httpx: pip install httpx (worklease's etcd extra: "
+        "pip install '.[etcd]' from a checkout)"
     ) from exc
 
 from .._compat import Event, ThreadLock, Worker, cancel_worker, join_all, spawn

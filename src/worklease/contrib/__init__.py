@@ -1,8 +1,8 @@
 """Ready-made observers: stdlib logging, Prometheus and OpenTelemetry.
 
 ``LoggingObserver`` needs nothing beyond the standard library. ``PrometheusObserver`` needs
-``prometheus_client`` (``pip install "worklease[prometheus]"``) and ``OpenTelemetryObserver``
-needs ``opentelemetry-api`` (``pip install "worklease[otel]"``); they are imported on first
+``prometheus_client`` (the ``prometheus`` extra) and ``OpenTelemetryObserver``
+needs ``opentelemetry-api`` (the ``otel`` extra); they are imported on first
 use, so importing this package never requires either.
 
 Each observer is at once a ``LeaseObserver``, a ``VacuumObserver`` and a ``PoolObserver``,

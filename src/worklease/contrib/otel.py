@@ -9,7 +9,8 @@ try:
     from opentelemetry.metrics import MeterProvider
 except ImportError as exc:  # pragma: no cover - exercised in a subprocess
     raise ImportError(
-        'OpenTelemetryObserver needs opentelemetry-api: pip install "worklease[otel]"',
+        "OpenTelemetryObserver needs opentelemetry-api: pip install opentelemetry-api "
+        "(worklease's otel extra)",
         name=exc.name,
     ) from exc
 

@@ -8,7 +8,8 @@ try:
     from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram
 except ImportError as exc:  # pragma: no cover - exercised in a subprocess
     raise ImportError(
-        'PrometheusObserver needs prometheus_client: pip install "worklease[prometheus]"',
+        "PrometheusObserver needs prometheus_client: pip install prometheus_client "
+        "(worklease's prometheus extra)",
         name=exc.name,
     ) from exc
 
