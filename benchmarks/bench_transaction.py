@@ -38,6 +38,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from tests import pg
 from worklease import AsyncLease, AsyncPostgresBackend, Lease, PostgresBackend
 
+TARGETS_MARK = "<!-- targets -->"
+"""Below it the targets and verdicts (the performance guide includes what is above it)."""
 TARGET = 1.15
 STATE = b"x" * 64
 TTL = 30.0
@@ -236,9 +238,17 @@ def render(results: dict[str, Any], env: dict[str, Any], n: int) -> str:
         "One step: one user INSERT + the checkpoint in one transaction. Floor: the same INSERT "
         "and a fenced checkpoint UPDATE in `with conn.transaction():` with psycopg's defaults.",
         "",
-        "| flavour | worklease median / p99 (µs) | hand-written median / p99 (µs) | ratio "
-        "| target |",
-        "| --- | ---: | ---: | ---: | --- |",
+        "| flavour | worklease median / p99 (µs) | hand-written median / p99 (µs) | ratio |",
+        "| --- | ---: | ---: | ---: |",
+    ]
+    verdicts = [
+        "",
+        TARGETS_MARK,
+        "",
+        f"Target: ratio ≤ {TARGET}.",
+        "",
+        "| flavour | ratio | target |",
+        "| --- | ---: | --- |",
     ]
     for flavour, result in results.items():
         if flavour == "dbos":
@@ -249,9 +259,9 @@ def render(results: dict[str, Any], env: dict[str, Any], n: int) -> str:
         verdict = "pass" if ratio <= TARGET else "FAIL"
         lines.append(
             f"| {flavour} | {ours['median_us']:.0f} / {ours['p99_us']:.0f} | "
-            f"{floor['median_us']:.0f} / {floor['p99_us']:.0f} | {ratio:.2f} | "
-            f"≤ {TARGET} ({verdict}) |"
+            f"{floor['median_us']:.0f} / {floor['p99_us']:.0f} | {ratio:.2f} |"
         )
+        verdicts.append(f"| {flavour} | {ratio:.2f} | ≤ {TARGET}: {verdict} |")
     dbos = results.pop("dbos", None)
     if dbos is None:
         lines += ["", "DBOS: not measured (the `dbos` package is not installed)."]
@@ -270,7 +280,7 @@ def render(results: dict[str, Any], env: dict[str, Any], n: int) -> str:
             f"{dbos['dbos']['median_us']:.0f} / {dbos['dbos']['p99_us']:.0f} | {ratio:.2f} |",
         ]
 
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines + verdicts) + "\n"
 
 
 def main(argv: list[str] | None = None) -> int:

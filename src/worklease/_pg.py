@@ -44,6 +44,7 @@ from ._models import Checkpoint, ExitMode, Token
 from .errors import BackendError, ConfigError, LeaseLostError
 
 __all__ = [
+    "renewal_bounds",
     "Grant",
     "LeaseStatus",
     "Rows",
@@ -67,6 +68,17 @@ def statement_timeout(seconds: float) -> str:
     mean no timeout), at most what PostgreSQL accepts (a longer bound is no bound worth
     having for one statement)."""
     return str(min(max(int(seconds * 1000), 1), _MAX_STATEMENT_TIMEOUT_MS))
+
+
+def renewal_bounds(seconds: float) -> tuple[float | None, float | None]:
+    """How long a renewal with a TTL of ``seconds`` may wait for a connection, and how long
+    its statement may run: the TTL, since a renewal that takes longer is of no use. A TTL of
+    zero or less (the test affordance that writes an already-expired lease) gives nothing to
+    bound by: the pool's own checkout timeout, and no bound on the statement (a negative
+    bound cancelled it before it could run)."""
+    if seconds > 0:
+        return seconds, seconds
+    return None, None
 
 
 _SINGLE: dict[bytes, bytes] = {}

@@ -214,3 +214,13 @@ def test_batch_statements_send_their_arrays_in_binary_on_the_extended_protocol()
     checkpoint = single_statement(statements.checkpoint)
     assert checkpoint is not None
     assert b"%(state)s" in checkpoint
+
+
+def test_a_renewal_is_bounded_by_its_ttl_unless_the_ttl_writes_an_expired_lease() -> None:
+    """A negative bound had the statement cancelled before it ran (the conformance case that
+    renews with an already-expired TTL failed now and then)."""
+    from worklease._pg import renewal_bounds
+
+    assert renewal_bounds(10.0) == (10.0, 10.0)
+    assert renewal_bounds(0.0) == (None, None)
+    assert renewal_bounds(-1.0) == (None, None)

@@ -42,6 +42,7 @@ from .._pg import (
     must_discard,
     prepares,
     read_only_error,
+    renewal_bounds,
     schema_statements,
     single_statement,
     statement_timeout,
@@ -612,13 +613,14 @@ class AsyncPostgresBackend:
         params = statements.owned(token)
         params["ttl"] = statements.ttl(seconds)
         pool = await self._ensure_renewal_pool()
+        timeout, bound = renewal_bounds(seconds)
         rows, _ = await self._run(
             "renew",
             statements.renew,
             params,
             pool=pool,
-            timeout=max(seconds, 0.001),
-            bound=seconds,
+            timeout=timeout,
+            bound=bound,
             bypass=True,
         )
         if not statements.written(rows):
@@ -635,13 +637,14 @@ class AsyncPostgresBackend:
         params = statements.batch_params(tokens)
         params["ttl"] = statements.ttl(seconds)
         pool = await self._ensure_renewal_pool()
+        timeout, bound = renewal_bounds(seconds)
         rows, _ = await self._run(
             "renew_many",
             statements.renew_many,
             params,
             pool=pool,
-            timeout=max(seconds, 0.001),
-            bound=seconds,
+            timeout=timeout,
+            bound=bound,
             bypass=True,
         )
         return statements.renewed_many(rows, tokens)

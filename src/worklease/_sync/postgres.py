@@ -45,6 +45,7 @@ from .._pg import (
     must_discard,
     prepares,
     read_only_error,
+    renewal_bounds,
     schema_statements,
     single_statement,
     statement_timeout,
@@ -611,13 +612,14 @@ class PostgresBackend:
         params = statements.owned(token)
         params["ttl"] = statements.ttl(seconds)
         pool = self._ensure_renewal_pool()
+        timeout, bound = renewal_bounds(seconds)
         rows, _ = self._run(
             "renew",
             statements.renew,
             params,
             pool=pool,
-            timeout=max(seconds, 0.001),
-            bound=seconds,
+            timeout=timeout,
+            bound=bound,
             bypass=True,
         )
         if not statements.written(rows):
@@ -634,13 +636,14 @@ class PostgresBackend:
         params = statements.batch_params(tokens)
         params["ttl"] = statements.ttl(seconds)
         pool = self._ensure_renewal_pool()
+        timeout, bound = renewal_bounds(seconds)
         rows, _ = self._run(
             "renew_many",
             statements.renew_many,
             params,
             pool=pool,
-            timeout=max(seconds, 0.001),
-            bound=seconds,
+            timeout=timeout,
+            bound=bound,
             bypass=True,
         )
         return statements.renewed_many(rows, tokens)
