@@ -145,6 +145,9 @@ async def test_a_cancelled_worker_reports_its_leases_lost_and_a_new_one_takes_ov
     started = monotonic()
     with pytest.raises(LeaseWindowExhaustedError):  # noqa: PT012
         async with lease.renewal(token, interval=0.05):
+            # Cancelled once it ran (it renewed): a task cancelled before its first step never
+            # runs its body at all, which is the next test's case.
+            assert await _renewed(backend, "w1")
             worker = await _renewer_task()
             worker.cancel()  # as a "cancel every task" sweep would
             await asyncio.sleep(3600)
