@@ -21,8 +21,6 @@ from psycopg_pool import AsyncConnectionPool
 import worklease
 from worklease.contrib.fastapi import held, lifespan
 
-pytestmark = pytest.mark.postgres
-
 TTL = 10.0
 
 
@@ -59,6 +57,7 @@ class Service:
         self.lease = worklease.AsyncLease(self.backend, holder_id=holder_id, ttl=TTL)
 
 
+@pytest.mark.postgres
 def test_the_lifespan_runs_pools_and_leaders_and_hands_over_at_shutdown(
     postgres_dsn: str, run_id: str
 ) -> None:
@@ -104,10 +103,11 @@ def test_the_lifespan_runs_pools_and_leaders_and_hands_over_at_shutdown(
         assert row[1] == "abandoned", row
     leader_row = _row(postgres_dsn, f"fa-scheduler-{run_id}")
     assert leader_row is not None
-    assert leader_row[1] is not None, leader_row
+    assert leader_row[1] == "abandoned", leader_row  # the term in progress was cancelled
     assert service.connections.closed
 
 
+@pytest.mark.postgres
 def test_a_pool_that_fails_while_the_application_runs_is_logged(
     postgres_dsn: str, run_id: str, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -139,7 +139,8 @@ def reports(postgres_dsn: str, run_id: str) -> Iterator[tuple[TestClient, Servic
     service = Service(postgres_dsn, f"api-{run_id}")
     calls: list[str] = []
     app = FastAPI(lifespan=lifespan(resources=[service.connections, service.backend]))
-    report_hold = Depends(held(service.lease, path="report_id"))
+    # scope="function": the lease is released before the response goes out
+    report_hold = Depends(held(service.lease, path="report_id"), scope="function")
 
     @app.post("/reports/{report_id}/rebuild")
     async def rebuild(
@@ -160,6 +161,7 @@ def reports(postgres_dsn: str, run_id: str) -> Iterator[tuple[TestClient, Servic
         yield client, service, calls
 
 
+@pytest.mark.postgres
 def test_a_route_holds_the_lease_and_releases_it_finished(
     reports: tuple[TestClient, Service, list[str]], postgres_dsn: str, run_id: str
 ) -> None:
@@ -175,6 +177,7 @@ def test_a_route_holds_the_lease_and_releases_it_finished(
     assert calls == [report, report]
 
 
+@pytest.mark.postgres
 def test_a_failing_route_releases_abandoned_keeping_its_checkpoint(
     reports: tuple[TestClient, Service, list[str]], postgres_dsn: str, run_id: str
 ) -> None:
@@ -188,14 +191,14 @@ def test_a_failing_route_releases_abandoned_keeping_its_checkpoint(
     assert resumed.json()["prev"] == "abandoned"
 
 
+@pytest.mark.postgres
 def test_a_held_work_id_answers_409_naming_the_holder(
     reports: tuple[TestClient, Service, list[str]], postgres_dsn: str, run_id: str
 ) -> None:
     client, _, calls = reports
     report = f"fa-report-{run_id}"
-    other = worklease.Lease(
-        worklease.PostgresBackend.connect(postgres_dsn), holder_id="batch-job", ttl=TTL
-    )
+    other_backend = worklease.PostgresBackend.connect(postgres_dsn)
+    other = worklease.Lease(other_backend, holder_id="batch-job", ttl=TTL)
     token = other.acquire(report)
     try:
         refused = client.post(f"/reports/{report}/rebuild")
@@ -207,9 +210,11 @@ def test_a_held_work_id_answers_409_naming_the_holder(
         assert calls == []  # the route never ran
     finally:
         other.release(token, worklease.ExitMode.FINISHED)
+        other_backend.close()
     assert client.post(f"/reports/{report}/rebuild").status_code == 200
 
 
+@pytest.mark.postgres
 def test_a_request_naming_no_valid_work_id_is_a_400(
     reports: tuple[TestClient, Service, list[str]],
 ) -> None:
@@ -219,7 +224,7 @@ def test_a_request_naming_no_valid_work_id_is_a_400(
     assert calls == []
 
 
-def test_bad_arguments_are_refused_when_the_route_is_defined(postgres_dsn: str) -> None:
+def test_bad_arguments_are_refused_when_the_route_is_defined() -> None:
     lease = worklease.AsyncLease(worklease.AsyncMemoryBackend(), holder_id="h", ttl=TTL)
     with pytest.raises(TypeError):
         held(lease)  # neither a work ID nor a path parameter
@@ -243,3 +248,36 @@ def test_importing_worklease_contrib_does_not_import_fastapi() -> None:
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "ok"
+
+
+class Unanswering(worklease.AsyncMemoryBackend):
+    """A backend whose acquires fail as a database that does not answer would."""
+
+    async def acquire(self, work_id: str, holder_id: str, ttl: float) -> worklease.Token:
+        raise worklease.BackendError("acquire: the server did not answer", transient=True)
+
+    async def acquire_with_checkpoint(
+        self, work_id: str, holder_id: str, ttl: float
+    ) -> tuple[worklease.Token, worklease.Checkpoint]:
+        raise worklease.BackendError("acquire: the server did not answer", transient=True)
+
+
+def test_a_backend_that_does_not_answer_is_a_503_not_a_conflict() -> None:
+    lease = worklease.AsyncLease(Unanswering(), holder_id="h", ttl=TTL)
+    app = FastAPI()
+    waiting = Depends(held(lease, "w", wait=True, timeout=0.5), scope="function")
+    at_once = Depends(held(lease, "w"), scope="function")
+
+    @app.get("/waiting")
+    async def waits(hold: worklease.AsyncHold = waiting) -> str:
+        return "unreachable"
+
+    @app.get("/at-once")
+    async def at_once_route(hold: worklease.AsyncHold = at_once) -> str:
+        return "unreachable"
+
+    with TestClient(app) as client:
+        for path in ("/waiting", "/at-once"):
+            response = client.get(path)
+            assert response.status_code == 503, (path, response.text)
+            assert "did not answer" in response.json()["detail"]

@@ -125,9 +125,13 @@ class ADeferredWorker:
     """A task started only when it is first needed: ``delay`` seconds from now (sooner with
     ``astart_within``), unless ``acancel_start`` comes first, in which case it never runs.
     A renewal that ends before its first attempt is due (a short hold, a runner's cycle)
-    then costs a timer, not a task and the turns of the loop that start and end it."""
+    then costs a timer, not a task and the turns of the loop that start and end it.
 
-    __slots__ = ("_args", "_at", "_fn", "_loop", "_name", "_task", "_timer")
+    ``unstarted`` is called if the task is cancelled before its first step (a "cancel every
+    task" sweep right after it was created): its coroutine then never runs at all, so it
+    could not say so itself."""
+
+    __slots__ = ("_args", "_at", "_fn", "_loop", "_name", "_ran", "_task", "_timer", "_unstarted")
 
     def __init__(
         self,
@@ -135,13 +139,16 @@ class ADeferredWorker:
         fn: Callable[..., Coroutine[Any, Any, None]],
         args: Any,
         name: str,
+        unstarted: Callable[[], object] | None = None,
     ) -> None:
         self._fn = fn
         self._args = args
         self._name = name
+        self._unstarted = unstarted
         self._loop = asyncio.get_running_loop()
         self._task: asyncio.Task[None] | None = None
         self._timer: asyncio.TimerHandle | None = None
+        self._ran = False
         self._at = 0.0
         self._arm(delay)
 
@@ -155,30 +162,57 @@ class ADeferredWorker:
     def _start(self) -> None:
         self._timer = None
         if self._task is None:
-            self._task = aspawn(self._fn, *self._args, name=self._name)
+            self._task = task = aspawn(self._body, name=self._name)
+            task.add_done_callback(self._ended)
+
+    async def _body(self) -> None:
+        self._ran = True
+        await self._fn(*self._args)
+
+    def _ended(self, task: asyncio.Task[None]) -> None:
+        if task.cancelled() and not self._ran and self._unstarted is not None:
+            self._unstarted()
 
     def done(self) -> bool:
         return self._timer is None and (self._task is None or self._task.done())
 
     def start_within(self, delay: float) -> None:
-        if self._timer is not None and self._loop.time() + delay < self._at:
-            self._timer.cancel()
+        timer = self._timer
+        if timer is not None and self._loop.time() + delay < self._at:
+            timer.cancel()
             self._timer = None
             self._arm(delay)
 
     def cancel_start(self) -> bool:
-        if self._timer is None:
+        """Cancel the start if it is still to come (from any thread: the loop's own timer is
+        cancelled on the loop)."""
+        timer, self._timer = self._timer, None  # one read: the loop may be starting it now
+        if timer is None:
             return False
-        self._timer.cancel()
-        self._timer = None
+        if _off_loop(self._loop):
+            self._loop.call_soon_threadsafe(timer.cancel)
+        else:
+            timer.cancel()
+        return True
+
+
+def _off_loop(loop: asyncio.AbstractEventLoop) -> bool:
+    try:
+        return asyncio.get_running_loop() is not loop
+    except RuntimeError:
         return True
 
 
 def aspawn_after(
-    delay: float, fn: Callable[..., Coroutine[Any, Any, None]], *args: Any, name: str
+    delay: float,
+    fn: Callable[..., Coroutine[Any, Any, None]],
+    *args: Any,
+    name: str,
+    unstarted: Callable[[], object] | None = None,
 ) -> ADeferredWorker:
-    """Run ``fn(*args)`` as a task on the running loop ``delay`` seconds from now."""
-    return ADeferredWorker(delay, fn, args, name)
+    """Run ``fn(*args)`` as a task on the running loop ``delay`` seconds from now
+    (``unstarted``: see ``ADeferredWorker``)."""
+    return ADeferredWorker(delay, fn, args, name, unstarted)
 
 
 def astart_within(worker: ADeferredWorker, delay: float) -> None:

@@ -88,9 +88,15 @@ def join_all(workers: Sequence[Worker], timeout: float | None = None) -> bool:
     return not any(worker.is_alive() for worker in workers)
 
 
-def spawn_after(delay: float, fn: Callable[..., None], *args: Any, name: str) -> Worker:
-    """A thread is started at once: it lingers between uses (``RENEWER_LINGER``), so
-    deferring its start would save nothing."""
+def spawn_after(
+    delay: float,
+    fn: Callable[..., None],
+    *args: Any,
+    name: str,
+    unstarted: Callable[[], object] | None = None,
+) -> Worker:
+    """A thread is started at once (it lingers between uses, ``RENEWER_LINGER``, so deferring
+    its start would save nothing) and always runs: ``unstarted`` is never called."""
     return spawn(fn, *args, name=name)
 
 

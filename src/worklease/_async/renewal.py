@@ -289,7 +289,12 @@ class AsyncRenewer:
                 # now): a renewal stopped before then never needed one.
                 self._wake = AEvent()
                 self._wakes_at = due
-                self._worker = aspawn_after(due - monotonic(), self._run, name="worklease-renewals")
+                self._worker = aspawn_after(
+                    due - monotonic(),
+                    self._run,
+                    name="worklease-renewals",
+                    unstarted=self._cancelled_before_it_ran,
+                )
                 return
             if due >= self._wakes_at > 0.0:
                 return  # the worker wakes before this one is due anyway
@@ -341,6 +346,11 @@ class AsyncRenewer:
             # holders believing otherwise.
             self._abort(exc)
             raise
+
+    def _cancelled_before_it_ran(self) -> None:
+        """The worker was cancelled before its first step (a sweep cancelling every task):
+        nobody renews these leases, so report them lost, as a worker cancelled later does."""
+        self._abort(RuntimeError("the renewal worker was cancelled before it ever ran"))
 
     def _abort(self, error: BaseException) -> None:
         self._renewals.forget(self._key, self)

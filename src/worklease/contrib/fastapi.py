@@ -15,7 +15,9 @@ module; ``import worklease.contrib`` never needs it).
     app = FastAPI(lifespan=lifespan(pools=[tenants], leaders=[(scheduler, run_scheduler)]))
 
     @app.post("/reports/{report_id}/rebuild")
-    async def rebuild(hold: worklease.AsyncHold = Depends(held(lease, path="report_id"))):
+    async def rebuild(
+        hold: worklease.AsyncHold = Depends(held(lease, path="report_id"), scope="function"),
+    ):
         ...
         await hold.checkpoint(progress)
 """
@@ -41,6 +43,7 @@ from .. import (
     AsyncLease,
     AsyncPool,
     AsyncTokenCallback,
+    BackendError,
     ConfigError,
     Duration,
     LeaseHeldError,
@@ -169,16 +172,26 @@ def held(
     timeout: Duration | None = None,
     cleanup_timeout: Duration | None = None,
 ) -> Callable[[Request], AsyncIterator[AsyncHold]]:
-    """A route dependency holding the lease on a work ID while the request runs.
+    """A route dependency holding the lease on a work ID while the request runs:
+    ``Depends(held(lease, path="report_id"), scope="function")``.
 
     The work ID is ``work_id`` (a string, or a function of the ``Request``), or the path
-    parameter named ``path``. The route receives the ``AsyncHold`` (``token``, ``prior``,
-    ``checkpoint(state)``, ``finish_with(state)``). When the route returns, the lease is
-    released FINISHED; when it raises, ABANDONED with its last checkpoint (the error goes on to
-    FastAPI's handlers). A work ID somebody holds answers ``409 Conflict`` with ``work_id``,
-    ``holder_id`` and ``expires_at`` in the detail; with ``wait=True`` the request waits for
-    the lease instead, up to ``timeout`` (then ``409`` too). The lease is renewed in the
-    background while the route runs; a lease lost meanwhile cancels the route, as a hold does.
+    parameter named ``path`` (missing from the request: ``404``). The route receives the
+    ``AsyncHold`` (``token``, ``prior``, ``checkpoint(state)``, ``finish_with(state)``) and
+    runs with the lease renewed in the background. When the dependency ends, the lease is
+    released FINISHED if the route returned (after the state given to ``finish_with``),
+    ABANDONED with its last checkpoint if it raised (the error goes on to FastAPI's
+    handlers), RETIRED if it raised ``Retire`` (which then reaches FastAPI too: answer it
+    with an exception handler). With ``scope="function"`` (FastAPI 0.121+) it ends before the
+    response is sent, so a client that got its answer finds the work ID free; with the default
+    scope FastAPI ends it after the response. A lease lost while an ``async def`` route runs
+    cancels it (the request then fails with the loss: ``500``); a ``def`` route runs in a
+    thread and is not interrupted, and its next ``hold.checkpoint`` raises the loss.
+
+    A work ID somebody holds answers ``409 Conflict`` with ``work_id``, ``holder_id`` and
+    ``expires_at`` in the detail (with ``wait=True`` the request waits for the lease instead,
+    up to ``timeout``, then ``409``); a path that is no valid work ID answers ``400``; a
+    backend that does not answer, ``503``. Bad options raise when the route is defined.
     """
     if not isinstance(lease, AsyncLease):
         raise TypeError(f"held: needs an AsyncLease, not {lease!r}")
@@ -212,10 +225,13 @@ def held(
             entered = await hold.__aenter__()
         except LeaseHeldError as taken:
             raise HTTPException(409, _conflict(taken)) from taken
-        except TimeoutError as waited:
+        except TimeoutError as waited:  # wait=True: still held at the deadline, or no answer
             cause = waited.__cause__
-            detail = _conflict(cause) if isinstance(cause, LeaseHeldError) else str(waited)
-            raise HTTPException(409, detail) from waited
+            if isinstance(cause, LeaseHeldError):
+                raise HTTPException(409, _conflict(cause)) from waited
+            raise HTTPException(503, str(waited)) from waited
+        except BackendError as failed:  # the backend did not answer: not the client's fault
+            raise HTTPException(503, str(failed)) from failed
         try:
             yield entered
         except BaseException as exc:
