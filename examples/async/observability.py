@@ -12,7 +12,7 @@ events, and the sweeps. The script drives a few leases and prints the report:
 3. the vacuum sweeps retired rows older than the retention.
 
 By default it runs on the in-memory backend with a fake clock, so hold times are exact. With
---dsn it runs against PostgreSQL with a 1-second TTL; there the sweep uses a retention of ten
+--dsn it runs against PostgreSQL with a 3-second TTL; there the sweep uses a retention of ten
 years, so it deletes nothing that belongs to anybody else.
 """
 
@@ -207,7 +207,7 @@ async def main() -> None:
     async with worklease.AsyncPostgresBackend.connect(args.dsn) as pg:
         await worklease.AsyncPostgresBackend.apply_schema(pg.pool)
         suffix = "-" + secrets.token_hex(4)
-        await run(World(pg, None, ttl=1, suffix=suffix, retention=timedelta(days=3650)))
+        await run(World(pg, None, ttl=3, suffix=suffix, retention=timedelta(days=3650)))
 
 
 if __name__ == "__main__":

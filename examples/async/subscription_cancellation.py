@@ -12,7 +12,7 @@ the checkpoint, so whoever holds the lease next skips it. Three runs:
    wakes up its checkpoint is rejected with FencedError.
 
 By default it runs on the in-memory backend with a fake clock (no setup, no waiting); with
---dsn it runs against PostgreSQL, with a 1-second TTL and real waits.
+--dsn it runs against PostgreSQL, with a 3-second TTL and real waits.
 """
 
 from __future__ import annotations
@@ -163,7 +163,7 @@ async def main() -> None:
         return
     async with worklease.AsyncPostgresBackend.connect(args.dsn) as backend:
         await worklease.AsyncPostgresBackend.apply_schema(backend.pool)
-        await run(World(backend, None, ttl=1, suffix="-" + secrets.token_hex(4)))
+        await run(World(backend, None, ttl=3, suffix="-" + secrets.token_hex(4)))
 
 
 if __name__ == "__main__":

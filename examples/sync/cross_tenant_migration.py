@@ -14,7 +14,7 @@ stopped. Three runs:
    rejected (FencedError). Both fencing tokens are printed.
 
 By default it runs on the in-memory backend with a fake clock (no setup, no waiting); with
---dsn it runs against PostgreSQL, with a 1-second TTL and real waits.
+--dsn it runs against PostgreSQL, with a 3-second TTL and real waits.
 """
 
 from __future__ import annotations
@@ -177,7 +177,7 @@ def main() -> None:
         return
     with worklease.PostgresBackend.connect(args.dsn) as backend:
         worklease.PostgresBackend.apply_schema(backend.pool)
-        run(World(backend, None, ttl=1, suffix="-" + secrets.token_hex(4)))
+        run(World(backend, None, ttl=3, suffix="-" + secrets.token_hex(4)))
 
 
 if __name__ == "__main__":

@@ -15,7 +15,7 @@ the checkpoint, so whoever holds the lease next skips it. Three runs:
    wakes up its checkpoint is rejected with FencedError.
 
 By default it runs on the in-memory backend with a fake clock (no setup, no waiting); with
---dsn it runs against PostgreSQL, with a 1-second TTL and real waits.
+--dsn it runs against PostgreSQL, with a 3-second TTL and real waits.
 """
 
 from __future__ import annotations
@@ -165,7 +165,7 @@ def main() -> None:
         return
     with worklease.PostgresBackend.connect(args.dsn) as backend:
         worklease.PostgresBackend.apply_schema(backend.pool)
-        run(World(backend, None, ttl=1, suffix="-" + secrets.token_hex(4)))
+        run(World(backend, None, ttl=3, suffix="-" + secrets.token_hex(4)))
 
 
 if __name__ == "__main__":
