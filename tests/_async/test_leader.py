@@ -205,8 +205,10 @@ async def test_acquire_wait_blocks_until_free(
 
     async def rival_steps_down() -> None:
         await eventually(lambda: held_attempts(observer) >= 2)
-        await rival.release(rival_token, ExitMode.ABANDONED)
+        # Taken before the release: with threads the leader can be elected (woken by the
+        # release notification) before this thread returns from release().
         released.append(monotonic())
+        await rival.release(rival_token, ExitMode.ABANDONED)
 
     async def lead() -> None:
         await leader.run(fn)

@@ -208,8 +208,10 @@ def test_acquire_wait_blocks_until_free(
 
     def rival_steps_down() -> None:
         eventually(lambda: held_attempts(observer) >= 2)
-        rival.release(rival_token, ExitMode.ABANDONED)
+        # Taken before the release: with threads the leader can be elected (woken by the
+        # release notification) before this thread returns from release().
         released.append(monotonic())
+        rival.release(rival_token, ExitMode.ABANDONED)
 
     def lead() -> None:
         leader.run(fn)
