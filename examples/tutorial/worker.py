@@ -83,10 +83,14 @@ def main() -> int:
         )
         pool = worklease.Pool(lease, REPORTS, work)
 
-        def stop(signum: int, frame: FrameType | None) -> None:
+        def stopping() -> None:
             say(name, "SIGTERM: handing my reports over")
-            # Not in the handler itself: it interrupts the main thread wherever it is.
-            threading.Thread(target=pool.stop, name="stop-on-sigterm").start()
+            pool.stop()
+
+        def stop(signum: int, frame: FrameType | None) -> None:
+            # Nothing in the handler itself: it interrupts the main thread wherever it is,
+            # perhaps inside say() holding its lock.
+            threading.Thread(target=stopping, name="stop-on-sigterm").start()
 
         signal.signal(signal.SIGTERM, stop)
         say(name, f"pool started (pid {os.getpid()})")

@@ -58,7 +58,7 @@ def parse_duration(text: str, *, allow_zero: bool = False, name: str = "duration
     if not math.isfinite(total) or total < 0 or (total == 0 and not allow_zero):
         raise ValueError(f"bad duration {text!r}{what}: must be greater than zero")
     if total > MAX_DURATION:
-        raise ValueError(f"bad duration {text!r}: longer than 100 years")
+        raise ValueError(f"bad duration {text!r}{what}: longer than 100 years")
     return total
 
 
