@@ -28,9 +28,9 @@ from ._check import DEFAULT_POOL_SIZE
 from ._compat import sleep
 from ._duration import format_duration, glob_to_regex, parse_duration
 from ._failures import first_line
+from ._migrations import CURRENT_VERSION, newer_error, pending_sql, steps
 from ._models import Checkpoint, Token
 from ._pg import (
-    LEGACY_INDEX,
     TABLE,
     Rows,
     Statements,
@@ -42,7 +42,7 @@ from ._pg import (
 from ._sync.check import check_postgres
 from ._sync.lease import Lease
 from ._sync.memory import MemoryBackend
-from ._sync.postgres import PostgresBackend, run_statement
+from ._sync.postgres import migrate_table, probe_schema, run_statement
 from ._sync.runner import Runner
 from .errors import WorkleaseError
 
@@ -130,26 +130,47 @@ def reached(conn: psycopg.Connection[Any]) -> str:
 
 def _migrate(args: argparse.Namespace) -> None:
     schema = args.schema
+    if args.sql and args.from_version is not None:  # offline: no database needed
+        sys.stdout.write(pending_sql(args.from_version, schema))
+        return
+    where_ = f"schema {schema!r}" if schema else "the search path's first schema"
     try:
         with psycopg.connect(args.dsn, autocommit=True, connect_timeout=10) as conn:
-            existed = _table_exists(conn, schema)
-            legacy = existed and _exists(conn, schema, LEGACY_INDEX)
-            PostgresBackend.apply_schema(conn, schema=schema)
-            where = f"schema {schema!r}" if schema else "the search path's first schema"
-            if legacy:
-                print(
-                    f"upgraded the worklease schema in {where}: dropped the {LEGACY_INDEX} "
-                    "index of earlier versions (lease writes can now be HOT updates), "
-                    "fillfactor 90"
-                )
-            elif existed:
-                print(f"worklease schema already present in {where}; nothing to do")
-            else:
-                print(f"created the worklease table, sequence and index in {where}")
+            if args.check or args.sql:
+                state = probe_schema(conn, schema)
+                if state.newer:
+                    raise newer_error(state, schema, "migrate")
+                if args.sql:
+                    sys.stdout.write(pending_sql(state.version, schema))
+                    return
+                if state.current:
+                    print(f"the worklease schema in {where_} is at {state.describe()}")
+                    return
+                if not state.exists:
+                    print(f"no {TABLE} table in {where_}: `worklease migrate` creates it")
+                else:
+                    print(
+                        f"the worklease schema in {where_} is behind: {state.describe()}; "
+                        "run `worklease migrate`"
+                    )
+                raise _Quiet
+            before = migrate_table(conn, schema)
     except psycopg.Error as exc:
         raise CommandError(
             f"migrate failed on {describe_target(args.dsn)}: {first_line(exc)}"
         ) from exc
+    if before.current:
+        print(f"the worklease schema in {where_} is at {before.describe()}; nothing to do")
+    elif not before.exists:
+        print(f"created the worklease schema (version {CURRENT_VERSION}) in {where_}")
+    elif before.version == CURRENT_VERSION:
+        print(f"recorded schema version {CURRENT_VERSION} on the table in {where_}")
+    else:
+        done = ", ".join(f"step {s.version} ({s.title})" for s in steps()[before.version :])
+        print(
+            f"upgraded the worklease schema in {where_} from version {before.version} "
+            f"to {CURRENT_VERSION}: {done}"
+        )
 
 
 def _connect(dsn: str) -> psycopg.Connection[tuple[Any, ...]]:
@@ -468,13 +489,33 @@ def _parser() -> argparse.ArgumentParser:
 
     migrate = commands.add_parser(
         "migrate",
-        help="create the schema in a database (idempotent)",
-        description="Apply the schema SQL to a database, in one transaction; safe to run "
-        "again. The DSN may also come from the standard libpq environment variables "
+        help="create the schema, or upgrade it to this version's (idempotent)",
+        description=f"Bring the worklease schema of a database to version {CURRENT_VERSION}: "
+        "create it, or run the steps an older table lacks, in one transaction (no step drops "
+        "data; safe to run again, and concurrently). A table newer than this worklease is "
+        "left alone (exit status 1). With --check nothing is changed: the exit status is 1 "
+        "when the table is missing or behind. With --sql the pending SQL is printed for a "
+        "migration tool of your own (Django, Alembic); with --from VERSION it needs no "
+        "database. The DSN may also come from the standard libpq environment variables "
         "(PGHOST, PGDATABASE, PGUSER, ...).",
     )
     migrate.add_argument("--dsn", help=DSN_HELP)
     migrate.add_argument("--schema", metavar="NAME", help="create the objects in this schema")
+    action = migrate.add_mutually_exclusive_group()
+    action.add_argument(
+        "--check", action="store_true", help="only report the version (exit 1 when behind)"
+    )
+    action.add_argument(
+        "--sql", action="store_true", help="print the pending SQL instead of running it"
+    )
+    migrate.add_argument(
+        "--from",
+        dest="from_version",
+        type=int,
+        metavar="VERSION",
+        help=f"with --sql: the SQL from this version (0: no table) to {CURRENT_VERSION}, "
+        "without a database",
+    )
     migrate.set_defaults(handler=_migrate)
 
     status = commands.add_parser(
@@ -585,7 +626,13 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; return the exit status."""
-    args = _parser().parse_args(argv)
+    parser = _parser()
+    args = parser.parse_args(argv)
+    if getattr(args, "from_version", None) is not None:
+        if not args.sql:
+            parser.error("migrate: --from needs --sql")
+        if not 0 <= args.from_version <= CURRENT_VERSION:
+            parser.error(f"migrate: --from takes a version from 0 to {CURRENT_VERSION}")
     try:
         if getattr(args, "schema", None) is not None:
             check_schema_name(args.schema)

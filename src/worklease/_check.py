@@ -16,6 +16,7 @@ import psycopg
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from ._duration import format_duration
+from ._migrations import CURRENT_VERSION, SchemaState
 from ._pg import (
     DIRECT_CONNECTIONS,
     FENCE,
@@ -127,6 +128,23 @@ def judge_columns(found: dict[str, str]) -> CheckFinding:
     return CheckFinding(
         "schema", "ok", f"{TABLE}, {SEQUENCE}, {FENCE}() and the members index are current"
     )
+
+
+def judge_version(state: SchemaState, layout: CheckFinding) -> CheckFinding:
+    """The schema finding once the version is known: a newer table fails whatever its
+    columns (this worklease would misread it), an unrecorded or behind one warns; otherwise
+    the layout finding (``judge_columns`` and the objects) stands."""
+    if state.newer:
+        return CheckFinding(
+            "schema",
+            "fail",
+            f"the table records schema {state.describe()}: upgrade worklease before using it",
+        )
+    if layout.status != "ok":
+        return layout
+    if not state.current:
+        return CheckFinding("schema", "warn", f"schema {state.describe()}: run `worklease migrate`")
+    return CheckFinding("schema", "ok", f"{layout.detail} (schema version {CURRENT_VERSION})")
 
 
 def judge_isolation(level: str) -> CheckFinding:

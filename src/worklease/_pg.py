@@ -400,6 +400,7 @@ def _qualify(text: str, quoted: str) -> str:
             f"ON {quoted}.{TABLE} (work_id text_pattern_ops)",
         ),
         (f"FUNCTION {FENCE}(", f"FUNCTION {quoted}.{FENCE}("),
+        (f"COMMENT ON TABLE {TABLE} IS", f"COMMENT ON TABLE {quoted}.{TABLE} IS"),
         # inside the function's body, a string literal
         (
             f"FROM {TABLE} WHERE work_id = p_work_id",
@@ -413,8 +414,8 @@ def _qualify(text: str, quoted: str) -> str:
 
 
 def schema_sql(schema: str | None = None) -> str:
-    """The DDL that creates the worklease table, sequence, index and fence function, and
-    drops the index of earlier schemas (idempotent).
+    """The DDL that creates the worklease table, sequence, index and fence function, drops
+    the index of earlier schemas and records the schema version on the table (idempotent).
 
     With ``schema``, the objects are created in (and the script first creates) that PostgreSQL
     schema; identifiers are quoted.
@@ -424,9 +425,8 @@ def schema_sql(schema: str | None = None) -> str:
     if name is None:
         return text
     quoted = sql.Identifier(name).as_string()
-    body = _qualify(text, quoted).split("\n", 3)
-    header, rest = "\n".join(body[:3]), body[3]
-    return f"{header}\nCREATE SCHEMA IF NOT EXISTS {quoted};\n\n{rest}"
+    header, rest = _qualify(text, quoted).split("\n-- step 1:", 1)
+    return f"{header}\nCREATE SCHEMA IF NOT EXISTS {quoted};\n\n-- step 1:{rest}"
 
 
 def _in_literal(value: str) -> str:

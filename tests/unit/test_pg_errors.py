@@ -127,7 +127,8 @@ def test_named_schema_quotes_every_identifier() -> None:
     code = "\n".join(line for line in text.splitlines() if not line.startswith("--"))
     unqualified = r"(?<![\w.])(?:worklease_leases|worklease_fencing_seq|worklease_fence)(?!\w)"
     assert re.findall(unqualified, code) == []
-    assert code.count('"my schema".worklease_') == 7
+    assert 'COMMENT ON TABLE "my schema".worklease_leases IS' in text
+    assert code.count('"my schema".worklease_') == 8
 
 
 def test_schema_names_with_quotes_are_escaped() -> None:

@@ -60,6 +60,7 @@ from .._check import (
     judge_pooler,
     judge_replication,
     judge_timeouts,
+    judge_version,
     judge_writes,
     legacy_index,
     listen_deadline,
@@ -81,6 +82,7 @@ from .._failures import first_line
 from .._pg import FENCE, LEGACY_INDEX, MEMBERS_INDEX, SEQUENCE, TABLE, check_conninfo
 from ..errors import ConfigError
 from .listener import AsyncReleaseListener
+from .postgres import probe_schema
 from .watch import AsyncReleaseHub
 
 __all__ = ["acheck_postgres"]
@@ -422,6 +424,10 @@ async def _schema(conn: _Conn, schema: str | None) -> CheckFinding:
     regclass = await _regclass(conn, schema, TABLE)
     if regclass is None:
         return missing_table(schema)
+    return judge_version(await probe_schema(conn, schema), await _layout(conn, schema, regclass))
+
+
+async def _layout(conn: _Conn, schema: str | None, regclass: object) -> CheckFinding:
     rows = await _rows(conn, COLUMNS_QUERY, (regclass,))
     finding = judge_columns({str(name): str(kind) for name, kind in rows})
     if finding.status == "ok":

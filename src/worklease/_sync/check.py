@@ -62,6 +62,7 @@ from .._check import (
     judge_pooler,
     judge_replication,
     judge_timeouts,
+    judge_version,
     judge_writes,
     legacy_index,
     listen_deadline,
@@ -84,6 +85,7 @@ from .._failures import first_line
 from .._pg import FENCE, LEGACY_INDEX, MEMBERS_INDEX, SEQUENCE, TABLE, check_conninfo
 from ..errors import ConfigError
 from .listener import ReleaseListener
+from .postgres import probe_schema
 from .watch import ReleaseHub
 
 __all__ = ["check_postgres"]
@@ -421,6 +423,10 @@ def _schema(conn: _Conn, schema: str | None) -> CheckFinding:
     regclass = _regclass(conn, schema, TABLE)
     if regclass is None:
         return missing_table(schema)
+    return judge_version(probe_schema(conn, schema), _layout(conn, schema, regclass))
+
+
+def _layout(conn: _Conn, schema: str | None, regclass: object) -> CheckFinding:
     rows = _rows(conn, COLUMNS_QUERY, (regclass,))
     finding = judge_columns({str(name): str(kind) for name, kind in rows})
     if finding.status == "ok":

@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Iterable, Sequence
 from datetime import timedelta
@@ -23,6 +24,14 @@ from .._compat import CancelGuard, ThreadLock
 from .._deadline import seconds_left
 from .._failures import closed, commit_unknown, fenced, lease_lapsed
 from .._fairshare import PoolSurvey
+from .._migrations import (
+    MIGRATE_LOCK,
+    SchemaState,
+    newer_error,
+    older_warning,
+    pending_statements,
+    probe_statement,
+)
 from .._models import Checkpoint, ExitMode, Token
 from .._pg import (
     CONNECTION_TRAITS,
@@ -46,7 +55,6 @@ from .._pg import (
     prepares,
     read_only_error,
     renewal_bounds,
-    schema_statements,
     single_statement,
     statement_timeout,
 )
@@ -65,7 +73,9 @@ from .backend import StateLike
 from .listener import ReleaseListener
 from .watch import ReleaseHub, ReleaseWatch
 
-__all__ = ["PostgresBackend", "run_statement"]
+__all__ = ["PostgresBackend", "migrate_table", "probe_schema", "run_statement"]
+
+logger = logging.getLogger("worklease")
 
 _CURRENT_SCHEMA = b"SET TRANSACTION ISOLATION LEVEL READ COMMITTED; SELECT current_schema()"
 
@@ -149,6 +159,7 @@ class PostgresBackend:
         self._owns_pool = False
         self._renewal_pool: ConnectionPool[Any] | None = None
         self._renewal_statements: Statements | None = None
+        self._schema_checked = False  # the table's schema version, read at first use
         self._lock = ThreadLock()
         self._detour = _Detour()  # around the application's pool
         self._renewal_detour = _Detour()  # around the private one
@@ -271,21 +282,24 @@ class PostgresBackend:
         conn_or_pool: Connection[Any] | ConnectionPool[Any],
         *,
         schema: str | None = None,
-    ) -> None:
-        """Create the worklease table, sequence and index if missing (idempotent).
+    ) -> int:
+        """Bring the worklease schema to the current version: create the table, sequence,
+        index and fence function if missing, or run the steps an older table lacks, then
+        record the version on the table (idempotent; no step drops data).
 
         Runs in one transaction under an advisory lock, so concurrent migrations do not race.
-        Driver errors are raised as ``BackendError``.
+        Returns the version the table was at before (0: there was none). A table recording a
+        version newer than this worklease knows is left untouched (``BackendError``), as are
+        driver errors (raised as ``BackendError``).
         """
-        statements = schema_statements(schema)
+        name = check_schema_name(schema)
         try:
             if isinstance(conn_or_pool, ConnectionPool):
                 guard = CancelGuard()
                 with conn_or_pool.connection() as conn:
                     guard.check()
-                    _apply(conn, statements)
-            else:
-                _apply(conn_or_pool, statements)
+                    return (migrate_table(conn, name)).version
+            return (migrate_table(conn_or_pool, name)).version
         except psycopg.Error as exc:
             raise map_error(exc, "apply_schema") from exc
 
@@ -373,6 +387,8 @@ class PostgresBackend:
         try:
             conn, direct = self._checkout(pool, timeout, bypass, operation)
             try:
+                if not self._schema_checked:
+                    self._check_schema(conn, operation)
                 if left is not None:
                     # What is left once the connection is there: a slow checkout never
                     # leaves the statement more time than its caller.
@@ -395,6 +411,22 @@ class PostgresBackend:
                 self._checkin(pool, conn, direct)
         except psycopg.Error as exc:
             raise map_error(exc, operation) from exc
+
+    def _check_schema(self, conn: Connection[Any], operation: str) -> None:
+        """Read the table's schema version on this backend's first call: a table newer than
+        this worklease is refused (``BackendError``), an older one logged once as a warning.
+        A missing table is left to the call's own statement (its error names the fix) and
+        asked about again next time."""
+        schema = self._statements.schema
+        state = probe_schema(conn, schema)
+        if conn.info.transaction_status != pq.TransactionStatus.IDLE:
+            conn.rollback()  # a connection not in autocommit: leave it as it came
+        if state.newer:
+            raise newer_error(state, schema, operation)
+        if state.exists:
+            self._schema_checked = True
+            if not state.current:
+                logger.warning(older_warning(state, schema))
 
     def _detour_of(self, pool: ConnectionPool[Any]) -> _Detour:
         return self._renewal_detour if pool is self._renewal_pool else self._detour
@@ -768,6 +800,8 @@ class PostgresTransaction:
             if not conn.autocommit:  # BEGIN and COMMIT are sent explicitly
                 conn.set_autocommit(True)
                 self._restore_autocommit = True
+            if not backend._schema_checked:
+                backend._check_schema(conn, "transaction")
             # 0 = no bound (no renewal window to respect)
             bound = statement_timeout(limit) if limit is not None else "0"
             if backend.prepare is not False:
@@ -1113,8 +1147,23 @@ def _traits(conn: Connection[Any]) -> ConnectionTraits:
     return known
 
 
-def _apply(conn: Connection[Any], statements: list[str]) -> None:
+def probe_schema(conn: Connection[Any], schema: str | None) -> SchemaState:
+    """What the table reachable through ``conn`` has (see ``SchemaState``): one query."""
+    cursor = ClientCursor(conn, row_factory=tuple_row)
+    cursor.execute(probe_statement(schema))
+    row = cursor.fetchone()
+    assert row is not None
+    return SchemaState.from_row(row)
+
+
+def migrate_table(conn: Connection[Any], schema: str | None) -> SchemaState:
+    """Run the steps the table lacks and record the version, in one transaction that holds
+    the migration lock; what the table had before."""
     with conn.transaction():
-        conn.execute("SELECT pg_advisory_xact_lock(hashtext('worklease schema'))")
-        for statement in statements:
-            conn.execute(statement)
+        conn.execute(MIGRATE_LOCK)
+        state = probe_schema(conn, schema)  # under the lock: no migration in between
+        if state.newer:
+            raise newer_error(state, schema, "apply_schema")
+        for statement in pending_statements(state.version, schema):
+            conn.execute(statement.encode())
+    return state

@@ -1,0 +1,32 @@
+-- worklease schema (canonical). Idempotent: safe to run again.
+-- Apply it with `worklease migrate --dsn ...`, `PostgresBackend.apply_schema(pool)`,
+-- or `psql -f`. Print it for another schema with `worklease schema --schema NAME`.
+CREATE SEQUENCE IF NOT EXISTS worklease_fencing_seq;
+
+CREATE TABLE IF NOT EXISTS worklease_leases (
+    work_id         TEXT        PRIMARY KEY,
+    holder_id       TEXT        NOT NULL,
+    fencing_token   BIGINT      NOT NULL DEFAULT nextval('worklease_fencing_seq'),
+    expires_at      TIMESTAMPTZ NOT NULL,
+    checkpoint      BYTEA,
+    exit_mode       TEXT,
+    prev_exit_mode  TEXT        NOT NULL DEFAULT 'none',
+    prev_holder_id  TEXT,
+    acquired_at     TIMESTAMPTZ NOT NULL DEFAULT NOW(),
+    updated_at      TIMESTAMPTZ NOT NULL DEFAULT NOW(),
+    CONSTRAINT worklease_leases_exit_mode_check
+        CHECK (exit_mode IS NULL OR exit_mode IN ('finished', 'abandoned', 'retired')),
+    CONSTRAINT worklease_leases_prev_exit_mode_check
+        CHECK (prev_exit_mode IN ('none', 'expired', 'finished', 'abandoned', 'retired'))
+);
+
+CREATE INDEX IF NOT EXISTS idx_worklease_leases_updated_at
+    ON worklease_leases (updated_at);
+
+-- worklease_fence(work_id, token): a guard for your own statements outside
+-- lease.transaction(). True while the token is the current, unlapsed grant of the work ID;
+-- it then locks the lease row until your transaction ends, so no successor is granted
+-- before your COMMIT (and your lease's renewal waits for it too: call it last).
+CREATE OR REPLACE FUNCTION worklease_fence(p_work_id TEXT, p_token BIGINT) RETURNS BOOLEAN
+    LANGUAGE sql VOLATILE
+    AS 'SELECT EXISTS (SELECT 1 FROM worklease_leases WHERE work_id = p_work_id AND fencing_token = p_token AND exit_mode IS NULL AND expires_at > clock_timestamp() FOR NO KEY UPDATE)';
