@@ -1,0 +1,342 @@
+"""worklease.contrib.django against PostgreSQL: a real Django project (``tests/django_project``)
+run as ``python -m django`` subprocesses, as a team runs ``manage.py``: ``migrate`` creates
+or upgrades the schema, ``check --database`` runs ``worklease check``, ``worklease_run`` runs
+pools and leaders until SIGTERM and hands the work over, on Django's pool or a pool of its
+own."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+from psycopg import sql
+from psycopg.conninfo import make_conninfo
+
+from tests import pg
+
+pytest.importorskip("django")
+
+ROOT = Path(__file__).resolve().parent.parent
+V1_SCHEMA = Path(__file__).with_name("schema_history") / "v1.sql"
+WORKERS = {
+    "reports": "tests.django_project.workers.reports",
+    "scheduler": "tests.django_project.workers.scheduler",
+    "both": "tests.django_project.workers.both",
+    "wrong": "tests.django_project.workers.wrong",
+}
+
+pytestmark = pytest.mark.postgres
+
+
+@contextlib.contextmanager
+def empty_database(server_dsn: str) -> Iterator[str]:
+    name = f"worklease_django_{os.getpid()}_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(server_dsn, autocommit=True) as conn:
+        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+    try:
+        yield make_conninfo(server_dsn, dbname=name)
+    finally:
+        with psycopg.connect(server_dsn, autocommit=True) as conn:
+            conn.execute(
+                sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
+            )
+
+
+def environment(dsn: str, **extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("WL_TEST_", "DJANGO_"))}
+    env.update(
+        DJANGO_SETTINGS_MODULE="tests.django_project.settings",
+        PYTHONPATH=str(ROOT) + os.pathsep + env.get("PYTHONPATH", ""),
+        WL_TEST_DSN=dsn,
+        WL_TEST_WORKLEASE=json.dumps({"WORKERS": WORKERS}),
+    )
+    env.update(extra)
+    return env
+
+
+def django(dsn: str, *args: str, **extra: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "django", *args],
+        env=environment(dsn, **extra),
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+
+
+def schema_version(dsn: str, schema: str = "public") -> Any:
+    rows = pg.execute(
+        dsn,
+        "SELECT obj_description(to_regclass(%s), 'pg_class')",
+        (f"{schema}.worklease_leases",),
+    )
+    return rows[0][0]
+
+
+class Running:
+    """A ``worklease_run`` process whose output lines are collected as they come."""
+
+    def __init__(self, dsn: str, *names: str, **extra: str) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "django", "worklease_run", *names],
+            env=environment(dsn, **extra),
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        self.lines: list[str] = []
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.lines.append(line.rstrip("\n"))
+
+    def wait_for(self, text: str, timeout: float = 60.0) -> None:
+        deadline = time.monotonic() + timeout
+        while not any(text in line for line in self.lines):
+            if self.proc.poll() is not None and not self._reader.is_alive():
+                pytest.fail(f"exited {self.proc.returncode} before {text!r}:\n" + self.output())
+            assert time.monotonic() < deadline, f"no {text!r} within {timeout}s:\n" + self.output()
+            time.sleep(0.05)
+
+    def finish(self, timeout: float = 60.0) -> int:
+        code = self.proc.wait(timeout)
+        self._reader.join(10)
+        assert self.proc.stdout is not None
+        self.proc.stdout.close()
+        return code
+
+    def output(self) -> str:
+        return "\n".join(self.lines)
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(10)
+        self._reader.join(10)
+        assert self.proc.stdout is not None
+        self.proc.stdout.close()
+
+
+@pytest.fixture
+def database(postgres_server: str) -> Iterator[str]:
+    """A database migrated by ``manage.py migrate``, with a table the workers write to."""
+    with empty_database(postgres_server) as dsn:
+        result = django(dsn, "migrate", "--no-input")
+        assert result.returncode == 0, result.stderr
+        pg.execute(dsn, "CREATE TABLE steps_done (work_id text, step int, holder text)")
+        yield dsn
+
+
+def test_migrate_creates_the_schema_at_the_current_version(postgres_server: str) -> None:
+    with empty_database(postgres_server) as dsn:
+        result = django(dsn, "migrate", "--no-input")
+        assert result.returncode == 0, result.stderr
+        assert "Applying worklease.0001_schema... OK" in result.stdout
+        assert schema_version(dsn) == "worklease schema version 4"
+        shown = django(dsn, "showmigrations", "worklease")
+        assert "[X] 0001_schema" in shown.stdout
+        check = subprocess.run(
+            [str(Path(sys.executable).with_name("worklease")), "migrate", "--check", "--dsn", dsn],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        assert check.returncode == 0, check.stdout + check.stderr
+
+
+def test_migrate_upgrades_a_first_release_table_and_keeps_its_rows(postgres_server: str) -> None:
+    with empty_database(postgres_server) as dsn:
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            conn.execute(V1_SCHEMA.read_text(encoding="utf-8").encode())
+            conn.execute(
+                b"INSERT INTO worklease_leases (work_id, holder_id, expires_at, checkpoint)"
+                b" VALUES ('kept', 'old', now(), 'state')"
+            )
+        result = django(dsn, "migrate", "--no-input")
+        assert result.returncode == 0, result.stderr
+        assert schema_version(dsn) == "worklease schema version 4"
+        assert pg.execute(dsn, "SELECT work_id, checkpoint FROM worklease_leases") == [
+            ("kept", b"state")
+        ]
+        indexes = pg.execute(
+            dsn, "SELECT indexname FROM pg_indexes WHERE tablename = 'worklease_leases' ORDER BY 1"
+        )
+        assert indexes == [("idx_worklease_leases_members",), ("worklease_leases_pkey",)]
+
+
+def test_migrate_honours_the_schema_setting(postgres_server: str) -> None:
+    with empty_database(postgres_server) as dsn:
+        setting = json.dumps({"SCHEMA": "leases", "WORKERS": WORKERS})
+        result = django(dsn, "migrate", "--no-input", WL_TEST_WORKLEASE=setting)
+        assert result.returncode == 0, result.stderr
+        assert schema_version(dsn, "leases") == "worklease schema version 4"
+        assert pg.execute(dsn, "SELECT to_regclass('public.worklease_leases')") == [(None,)]
+
+
+def test_the_system_check_runs_worklease_check_on_the_database(
+    postgres_server: str, database: str
+) -> None:
+    good = django(database, "check", "--database", "default")
+    assert good.returncode == 0, good.stdout + good.stderr
+    assert "worklease.E001" not in good.stdout + good.stderr
+    with empty_database(postgres_server) as dsn:  # never migrated: no table
+        # A warning, not an error: `migrate` runs the database checks before it migrates.
+        missing = django(dsn, "check", "--database", "default")
+        assert missing.returncode == 0, missing.stderr
+        assert "worklease.W002" in missing.stderr
+        assert "schema: no worklease_leases table" in missing.stderr
+        assert "HINT: run `manage.py migrate`" in missing.stderr
+        strict = django(dsn, "check", "--database", "default", "--fail-level", "WARNING")
+        assert strict.returncode == 1
+        # A table newer than this worklease is an error: migrate cannot fix it.
+        assert django(dsn, "migrate", "--no-input").returncode == 0
+        pg.execute(dsn, "COMMENT ON TABLE worklease_leases IS 'worklease schema version 5'")
+        newer = django(dsn, "check", "--database", "default")
+        assert newer.returncode == 1
+        assert "worklease.E001" in newer.stderr
+        assert "newer than this worklease knows" in newer.stderr
+        # Without --database, Django runs no database checks: nothing is reached.
+        assert django(dsn, "check").returncode == 0
+
+
+def test_bad_settings_are_reported_by_check(database: str) -> None:
+    for setting, message in (
+        ({"DATABSE": "default"}, "WORKLEASE has unknown keys ['DATABSE']"),
+        ({"DATABASE": "other"}, "WORKLEASE['DATABASE'] must name a database of DATABASES"),
+        ({"POOL_SIZE": 0}, "WORKLEASE['POOL_SIZE'] must be a whole number from 1 to 1000"),
+        ({"SCHEMA": ""}, "schema must be a non-empty string"),
+        ({"CHECK_TTL": "soon"}, "WORKLEASE: "),
+    ):
+        result = django(database, "check", WL_TEST_WORKLEASE=json.dumps(setting))
+        assert result.returncode == 1, setting
+        assert "worklease.E000" in result.stderr, setting
+        assert message in result.stderr, (setting, result.stderr)
+
+
+@pytest.mark.parametrize(
+    ("pool", "use_tz", "shared"),
+    [("1", "1", True), ("0", "1", False), ("1", "0", False)],
+    ids=["django-pool", "own-pool", "django-pool-without-use-tz"],
+)
+def test_the_backend_uses_djangos_pool_when_it_can(
+    database: str, pool: str, use_tz: str, shared: bool
+) -> None:
+    script = (
+        "from django.db import connections\n"
+        "import worklease\n"
+        "from worklease.contrib.django import get_backend\n"
+        "backend = get_backend()\n"
+        "assert get_backend() is backend\n"
+        "print('shared' if backend.pool is connections['default'].pool else 'own')\n"
+        "lease = worklease.Lease(backend, holder_id='shell', ttl='30s')\n"
+        "token = lease.acquire('from-a-view')\n"
+        "lease.checkpoint(token, b'x')\n"
+        "from datetime import UTC, datetime\n"
+        "left = (token.expires_at - datetime.now(UTC)).total_seconds()\n"
+        "assert 20 < left <= 31, left\n"
+        "lease.release(token, 'finished')\n"
+        "print('ok')\n"
+    )
+    result = django(database, "shell", "-c", script, WL_TEST_POOL=pool, WL_TEST_USE_TZ=use_tz)
+    assert result.returncode == 0, result.stderr
+    # Django 5.2 prints what it imported automatically first
+    assert result.stdout.split()[-2:] == ["shared" if shared else "own", "ok"]
+
+
+@pytest.mark.parametrize("pool", ["1", "0"], ids=["django-pool", "own-pool"])
+def test_worklease_run_runs_a_pool_to_the_end(database: str, pool: str) -> None:
+    run = Running(database, "reports", WL_TEST_POOL=pool, WL_TEST_STEPS="3")
+    try:
+        assert run.finish() == 0, run.output()
+    finally:
+        run.kill()
+    assert "running reports: pool" in run.lines
+    assert run.lines[-1] == "stopped"
+    rows = pg.execute(
+        database, "SELECT work_id, exit_mode, checkpoint FROM worklease_leases ORDER BY 1"
+    )
+    assert rows == [
+        ("report-1", "retired", b'{"step": 3}'),
+        ("report-2", "retired", b'{"step": 3}'),
+    ]
+    steps = pg.execute(database, "SELECT work_id, count(*) FROM steps_done GROUP BY 1 ORDER BY 1")
+    assert steps == [("report-1", 3), ("report-2", 3)]
+
+
+def test_sigterm_hands_the_work_over_with_its_checkpoints(database: str) -> None:
+    first = Running(
+        database, "both", WL_TEST_STEPS="100000", WL_TEST_STEP_SECONDS="0.05", WL_TEST_HOLDER="one"
+    )
+    try:
+        for text in ("report-1: from step 0", "report-2: from step 0", "elected with token"):
+            first.wait_for(text)
+        deadline = time.monotonic() + 60
+        while pg.execute(database, "SELECT count(*) FROM steps_done WHERE step >= 2") != [(2,)]:
+            assert time.monotonic() < deadline, first.output()
+            time.sleep(0.05)
+        first.proc.send_signal(signal.SIGTERM)
+        assert first.finish() == 0, first.output()
+    finally:
+        first.kill()
+    assert "stopping: handing the work over" in first.lines
+    assert first.lines[-1] == "stopped"
+    rows = pg.execute(
+        database,
+        "SELECT work_id, holder_id, exit_mode, checkpoint IS NOT NULL, expires_at <= now()"
+        " FROM worklease_leases WHERE work_id NOT LIKE 'worklease.member/%%' ORDER BY 1",
+    )
+    assert rows == [
+        ("report-1", "one", "abandoned", True, True),
+        ("report-2", "one", "abandoned", True, True),
+        ("scheduler", "one", "finished", False, True),  # its term returned: stepped down
+    ]
+    saved = dict(
+        pg.execute(
+            database,
+            "SELECT work_id, checkpoint FROM worklease_leases WHERE checkpoint IS NOT NULL",
+        )
+    )
+
+    # The next process resumes both reports where the first left them, at once.
+    second = Running(database, "reports", WL_TEST_STEPS="100000", WL_TEST_HOLDER="two")
+    try:
+        for work_id, state in saved.items():
+            step = json.loads(state)["step"]
+            second.wait_for(f"{work_id}: from step {step} (previous exit abandoned)", 30)
+        second.proc.send_signal(signal.SIGTERM)
+        assert second.finish() == 0, second.output()
+    finally:
+        second.kill()
+
+
+def test_worklease_run_refuses_what_it_cannot_run(database: str) -> None:
+    listed = django(database, "worklease_run", "--list")
+    assert listed.returncode == 0
+    assert [line.split("\t")[0] for line in listed.stdout.splitlines()] == sorted(WORKERS)
+    for args, message in (
+        ((), "name the workers to run: both, reports, scheduler, wrong"),
+        (("nope",), "no worker 'nope' in WORKLEASE['WORKERS']; known: both, reports"),
+        (("wrong",), "worker 'wrong' returned int: a worker function returns a worklease.Pool"),
+    ):
+        result = django(database, "worklease_run", *args)
+        assert result.returncode == 1, args
+        assert message in result.stderr, (args, result.stderr)
+    assert pg.execute(database, "SELECT count(*) FROM worklease_leases") == [(0,)]
