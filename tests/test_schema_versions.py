@@ -9,6 +9,7 @@ The earlier versions are the canonical files as they shipped, kept under
 from __future__ import annotations
 
 import logging
+import re
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -49,9 +50,9 @@ def test_the_canonical_file_is_cut_into_numbered_steps_ending_with_the_record() 
     # A fresh install runs every step and the record: the whole canonical file.
     assert pending_statements(0) == schema_statements()
     assert pending_statements(0, "s p") == schema_statements("s p")
-    assert pending_statements(4) == [
-        "COMMENT ON TABLE worklease_leases IS 'worklease schema version 4'"
-    ]
+    (record,) = pending_statements(4)
+    assert record.startswith("DO $$")
+    assert "COMMENT ON TABLE worklease_leases IS 'worklease schema version 4'" in record
     assert pending_statements(2)[0].startswith(
         "CREATE INDEX IF NOT EXISTS idx_worklease_leases_members"
     )
@@ -63,10 +64,9 @@ def test_pending_sql_names_each_step_and_never_begins_a_transaction() -> None:
     assert [line for line in text.splitlines() if line.startswith("-- step")] == [
         f"-- step {s.version}: {s.title}." for s in steps()[1:]
     ]
-    assert "BEGIN" not in text
-    assert "COMMIT" not in text
+    assert re.search(r"(?im)^\s*(BEGIN|COMMIT|START TRANSACTION)\s*;", text) is None
     assert 'COMMENT ON TABLE "tenant a".worklease_leases' in text
-    assert "Nothing is pending" in pending_sql(4)
+    assert "only the version record" in pending_sql(4)
 
 
 @pytest.mark.parametrize("bad", [-1, 5, 2.0, True, "3", None])
@@ -78,17 +78,19 @@ def test_a_version_outside_the_known_ones_is_refused(bad: Any) -> None:
 @pytest.mark.parametrize(
     ("row", "version", "current", "newer"),
     [
-        ((None, False, False, False, True), 0, False, False),
-        ((None, True, False, False, False), 1, False, False),
-        ((None, True, True, True, True), 4, False, False),  # unrecorded: migrate records it
-        (("worklease schema version 4", True, True, True, True), 4, True, False),
-        (("worklease schema version 4", True, True, True, False), 3, False, False),  # Go index
-        (("worklease schema version 9", True, True, True, True), 9, False, True),
-        (("our leases", True, True, False, False), 2, False, False),  # someone else's comment
+        (None, 0, False, False),  # no table: no row
+        ((None, "s", False, False, False, True), 0, False, False),  # a table, no sequence
+        ((None, "s", True, False, False, False), 1, False, False),
+        ((None, "s", True, True, True, True), 4, False, False),  # unrecorded: migrate records it
+        (("worklease schema version 4", "s", True, True, True, True), 4, True, False),
+        (("worklease schema version 4", "s", True, True, True, False), 3, False, False),  # Go
+        (("worklease schema version 9", "s", True, True, True, True), 9, False, True),
+        (("worklease schema version 12 (x)", "s", True, True, True, True), 12, False, True),
+        (("our leases", "s", True, True, False, False), 2, False, False),  # someone else's
     ],
 )
 def test_the_version_is_the_recorded_one_as_far_as_the_objects_agree(
-    row: tuple[object, ...], version: int, current: bool, newer: bool
+    row: tuple[object, ...] | None, version: int, current: bool, newer: bool
 ) -> None:
     state = SchemaState.from_row(row)
     assert (state.version, state.current, state.newer) == (version, current, newer)
@@ -331,3 +333,96 @@ def test_concurrent_migrations_of_an_old_table_both_succeed(
     assert errors == []
     assert sorted(found) == [1, 4]
     assert catalog(postgres_dsn, schema) == fresh_catalog
+
+
+@pytest.mark.postgres
+def test_no_script_of_this_version_downgrades_a_newer_record(
+    postgres_dsn: str, schema: str
+) -> None:
+    """``psql -f schema.sql`` and a ``--sql --from`` script run by another tool raise on a
+    table a later release recorded, instead of writing version 4 over it."""
+    assert run("migrate", "--dsn", postgres_dsn, "--schema", schema).returncode == 0
+    table = f'"{schema}".worklease_leases'
+    pg.execute(postgres_dsn, f"COMMENT ON TABLE {table} IS 'worklease schema version 5 (later)'")
+    scripts = [
+        run("schema", "--schema", schema).stdout,
+        pending_sql(0, schema),
+        pending_sql(3, schema),
+    ]
+    for script in scripts:
+        with (
+            psycopg.connect(postgres_dsn, autocommit=True) as conn,
+            pytest.raises(psycopg.errors.RaiseException, match="newer than 4"),
+        ):
+            conn.execute(script.encode())
+    comment = pg.execute(postgres_dsn, f"SELECT obj_description('{table}'::regclass, 'pg_class')")
+    assert comment == [("worklease schema version 5 (later)",)]
+
+
+@pytest.mark.postgres
+def test_without_a_schema_the_table_is_upgraded_where_the_search_path_finds_it(
+    postgres_dsn: str, schema: str, fresh_catalog: dict[str, Any]
+) -> None:
+    """A first-release table in the second schema of the search path: its missing objects
+    go beside it (not into the first schema), and the messages name where it is."""
+    first = f"{schema}_first"
+    pg.execute(postgres_dsn, f'DROP SCHEMA IF EXISTS "{first}" CASCADE; CREATE SCHEMA "{first}"')
+    try:
+        create_earlier(postgres_dsn, schema, 1)
+        dsn = f"{postgres_dsn} options='-c search_path={first},{schema}'"
+        check = run("migrate", "--check", "--dsn", dsn)
+        assert check.returncode == 1
+        assert check.stdout.startswith(f"the worklease schema in schema '{schema}' is behind")
+        result = run("migrate", "--dsn", dsn)
+        assert result.returncode == 0, result.stderr
+        assert result.stdout.startswith(f"upgraded the worklease schema in schema '{schema}'")
+        assert catalog(postgres_dsn, schema) == fresh_catalog
+        assert pg.execute(
+            postgres_dsn,
+            "SELECT count(*) FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace"
+            " WHERE n.nspname = %s",
+            (first,),
+        ) == [(0,)]
+        with ConnectionPool(dsn, min_size=1, max_size=2, open=True) as pool:
+            lease = Lease(PostgresBackend(pool), holder_id="w", ttl=30)
+            token = lease.acquire("done")
+            assert lease.read_checkpoint(token).state == b"final"
+            lease.release(token, "finished")
+    finally:
+        pg.execute(postgres_dsn, f'DROP SCHEMA IF EXISTS "{first}" CASCADE')
+
+
+@pytest.mark.postgres
+def test_calls_that_start_together_warn_once_and_leave_the_connection_idle(
+    postgres_dsn: str, schema: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Eight first calls at once on an older table, through a pool whose connections are not
+    in autocommit: one warning, and every connection goes back idle and not in autocommit."""
+    create_earlier(postgres_dsn, schema, 2)
+    caplog.set_level(logging.WARNING, logger="worklease")
+    with ConnectionPool(postgres_dsn, min_size=8, max_size=8, open=True) as pool:
+        pool.wait()
+        backend = PostgresBackend(pool, schema=schema)
+        lease = Lease(backend, holder_id="w", ttl=30)
+        start = threading.Barrier(8)
+        errors: list[BaseException] = []
+
+        def call(n: int) -> None:
+            try:
+                start.wait(10)
+                lease.release(lease.acquire(f"w{n}"), "finished")
+            except BaseException as exc:  # pragma: no cover - reported below
+                errors.append(exc)
+
+        threads = [threading.Thread(target=call, args=(n,)) for n in range(8)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(60)
+        assert errors == []
+        for _ in range(8):
+            with pool.connection() as conn:
+                assert conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+                assert conn.autocommit is False
+    warnings = [r for r in caplog.records if "schema version 2 of 4" in r.getMessage()]
+    assert len(warnings) == 1

@@ -28,7 +28,7 @@ from ._check import DEFAULT_POOL_SIZE
 from ._compat import sleep
 from ._duration import format_duration, glob_to_regex, parse_duration
 from ._failures import first_line
-from ._migrations import CURRENT_VERSION, newer_error, pending_sql, steps
+from ._migrations import CURRENT_VERSION, SchemaState, newer_error, pending_sql, steps
 from ._models import Checkpoint, Token
 from ._pg import (
     TABLE,
@@ -133,42 +133,47 @@ def _migrate(args: argparse.Namespace) -> None:
     if args.sql and args.from_version is not None:  # offline: no database needed
         sys.stdout.write(pending_sql(args.from_version, schema))
         return
-    where_ = f"schema {schema!r}" if schema else "the search path's first schema"
+
+    def where_(state: SchemaState) -> str:
+        found = schema or state.namespace
+        return f"schema {found!r}" if found else "the search path's first schema"
+
     try:
         with psycopg.connect(args.dsn, autocommit=True, connect_timeout=10) as conn:
             if args.check or args.sql:
                 state = probe_schema(conn, schema)
                 if state.newer:
-                    raise newer_error(state, schema, "migrate")
+                    raise newer_error(state, schema or state.namespace, "migrate")
                 if args.sql:
-                    sys.stdout.write(pending_sql(state.version, schema))
+                    sys.stdout.write(pending_sql(state.version, schema or state.namespace))
                     return
                 if state.current:
-                    print(f"the worklease schema in {where_} is at {state.describe()}")
+                    print(f"the worklease schema in {where_(state)} is at {state.describe()}")
                     return
                 if not state.exists:
-                    print(f"no {TABLE} table in {where_}: `worklease migrate` creates it")
+                    print(f"no {TABLE} table in {where_(state)}: `worklease migrate` creates it")
                 else:
                     print(
-                        f"the worklease schema in {where_} is behind: {state.describe()}; "
-                        "run `worklease migrate`"
+                        f"the worklease schema in {where_(state)} is behind: "
+                        f"{state.describe()}; run `worklease migrate`"
                     )
                 raise _Quiet
-            before = migrate_table(conn, schema)
+            before = migrate_table(conn, schema, "migrate")
     except psycopg.Error as exc:
         raise CommandError(
             f"migrate failed on {describe_target(args.dsn)}: {first_line(exc)}"
         ) from exc
+    where = where_(before)
     if before.current:
-        print(f"the worklease schema in {where_} is at {before.describe()}; nothing to do")
+        print(f"the worklease schema in {where} is at {before.describe()}; nothing to do")
     elif not before.exists:
-        print(f"created the worklease schema (version {CURRENT_VERSION}) in {where_}")
+        print(f"created the worklease schema (version {CURRENT_VERSION}) in {where}")
     elif before.version == CURRENT_VERSION:
-        print(f"recorded schema version {CURRENT_VERSION} on the table in {where_}")
+        print(f"recorded schema version {CURRENT_VERSION} on the table in {where}")
     else:
         done = ", ".join(f"step {s.version} ({s.title})" for s in steps()[before.version :])
         print(
-            f"upgraded the worklease schema in {where_} from version {before.version} "
+            f"upgraded the worklease schema in {where} from version {before.version} "
             f"to {CURRENT_VERSION}: {done}"
         )
 

@@ -26,6 +26,7 @@ from ._pg import (
     _canonical,
     _qualify,
     check_schema_name,
+    split_statements,
 )
 from .errors import BackendError, ConfigError
 
@@ -40,8 +41,9 @@ __all__ = [
 ]
 
 _STEP_LINE = re.compile(r"^-- step (\d+): (.*)$", re.MULTILINE)
-_RECORDED = re.compile(r"^worklease schema version (\d+)$")
-_RECORD_PREFIX = f"COMMENT ON TABLE {TABLE} IS"
+_RECORDED = re.compile(r"^worklease schema version (\d+)\b")
+"""A comment recording a version (a later release may say more after the number)."""
+_RECORD_PREFIX = "DO $$"
 MIGRATE_LOCK = "SELECT pg_advisory_xact_lock(hashtext('worklease schema'))"
 """Taken by every migration, in its transaction: two migrations never interleave."""
 
@@ -56,11 +58,6 @@ class Step:
     statements: tuple[str, ...]
 
 
-def _statements(text: str) -> list[str]:
-    lines = [line for line in text.splitlines() if not line.lstrip().startswith("--")]
-    return [part.strip() for part in "\n".join(lines).split(";") if part.strip()]
-
-
 @functools.cache
 def _parsed() -> tuple[tuple[Step, ...], str]:
     text = _canonical()
@@ -69,7 +66,7 @@ def _parsed() -> tuple[tuple[Step, ...], str]:
     record = ""
     for index, mark in enumerate(marks):
         end = marks[index + 1].start() if index + 1 < len(marks) else len(text)
-        statements = _statements(text[mark.end() : end])
+        statements = split_statements(text[mark.end() : end])
         if index + 1 == len(marks):
             # The last statement of the file records the version; it belongs to no step.
             *statements, record = statements
@@ -90,8 +87,13 @@ CURRENT_VERSION = len(steps())
 
 
 def _record_statement() -> str:
+    """The record: sets the comment, or raises if the table records a newer version (so a
+    script of this version's, however it is run, never downgrades the record)."""
     record = _parsed()[1]
-    if record != f"{_RECORD_PREFIX} 'worklease schema version {CURRENT_VERSION}'":
+    if (
+        f"COMMENT ON TABLE {TABLE} IS 'worklease schema version {CURRENT_VERSION}'" not in record
+        or f")::int > {CURRENT_VERSION} THEN" not in record
+    ):
         raise RuntimeError("schema.sql: the recorded version is not the last step's")
     return record
 
@@ -134,7 +136,7 @@ def pending_sql(version: int, schema: str | None = None) -> str:
         + ". Run it in one transaction."
     )
     if version == CURRENT_VERSION:
-        header += "\n-- Nothing is pending; the record below is idempotent."
+        header += "\n-- Every step is in place: only the version record (idempotent)."
     blocks = [header + (f"\nCREATE SCHEMA IF NOT EXISTS {quoted};" if quoted else "")]
     for step in steps()[version:]:
         body = "\n\n".join(_render(s, quoted) for s in step.statements)
@@ -151,30 +153,31 @@ def _render(statement: str, quoted: str | None) -> str:
 
 
 def probe_statement(schema: str | None) -> sql.Composed:
-    """One query reading what a table has: its comment (the recorded version), then whether
-    each step's mark exists, in step order (names resolved as the backend's statements
-    resolve them: in ``schema``, else on the search path)."""
+    """One query reading what a table has: no row without the table; else its comment (the
+    recorded version), the PostgreSQL schema holding it, then whether each step's mark
+    exists, in step order, looked for in the table's own schema (the table is found in
+    ``schema``, else on the search path, as the backend's statements find it)."""
+    table = sql.Identifier(schema, TABLE) if schema else sql.Identifier(TABLE)
 
-    def name(object_name: str) -> sql.Literal:
-        ident = sql.Identifier(schema, object_name) if schema else sql.Identifier(object_name)
-        return sql.Literal(ident.as_string())
+    def beside(object_name: str, signature: str = "") -> sql.Composed:
+        return sql.SQL("format('%I.%I{}', t.nspname, {})").format(
+            sql.SQL(signature), sql.Literal(object_name)
+        )
 
-    fence = sql.Literal(
-        (sql.Identifier(schema, FENCE) if schema else sql.Identifier(FENCE)).as_string()
-        + "(text, bigint)"
-    )
     return sql.SQL(
-        "SELECT obj_description(to_regclass({table}), 'pg_class'),"
-        " to_regclass({table}) IS NOT NULL AND to_regclass({sequence}) IS NOT NULL,"
+        "SELECT obj_description(t.oid, 'pg_class'), t.nspname,"
+        " to_regclass({sequence}) IS NOT NULL,"
         " to_regprocedure({fence}) IS NOT NULL,"
         " to_regclass({members}) IS NOT NULL,"
         " to_regclass({legacy}) IS NULL"
+        " FROM (SELECT c.oid, n.nspname::text FROM pg_class c"
+        " JOIN pg_namespace n ON n.oid = c.relnamespace WHERE c.oid = to_regclass({table})) t"
     ).format(
-        table=name(TABLE),
-        sequence=name(SEQUENCE),
-        fence=fence,
-        members=name(MEMBERS_INDEX),
-        legacy=name(LEGACY_INDEX),
+        table=sql.Literal(table.as_string()),
+        sequence=beside(SEQUENCE),
+        fence=beside(FENCE, "(text, bigint)"),
+        members=beside(MEMBERS_INDEX),
+        legacy=beside(LEGACY_INDEX),
     )
 
 
@@ -194,16 +197,23 @@ class SchemaState:
 
     recorded: int | None
     marks: tuple[bool, ...]
+    namespace: str | None = None
+    """The PostgreSQL schema holding the table (``None``: no table)."""
 
     @classmethod
-    def from_row(cls, row: tuple[object, ...]) -> SchemaState:
-        comment, *marks = row
+    def from_row(cls, row: tuple[object, ...] | None) -> SchemaState:
+        """From a row of ``probe_statement`` (``None``: it returned none, no table)."""
+        if row is None:
+            return cls(None, (False,) * CURRENT_VERSION)
+        comment, namespace, *marks = row
         match = _RECORDED.match(comment) if isinstance(comment, str) else None
-        return cls(int(match.group(1)) if match else None, tuple(bool(m) for m in marks))
+        # The row says the table is there: step 1's mark is then its sequence.
+        return cls(int(match.group(1)) if match else None, tuple(map(bool, marks)), str(namespace))
 
     @property
     def exists(self) -> bool:
-        return self.marks[0]
+        """Whether the table is there (its sequence may still be missing)."""
+        return self.namespace is not None
 
     @property
     def applied(self) -> int:
@@ -245,7 +255,7 @@ class SchemaState:
             return "no table"
         unrecorded = " (not recorded on the table)" if self.recorded is None else ""
         if self.version == CURRENT_VERSION:
-            return f"version {CURRENT_VERSION}{unrecorded}: `worklease migrate` records it"
+            return f"version {CURRENT_VERSION}{unrecorded}"
         return f"version {self.version} of {CURRENT_VERSION}{unrecorded}; pending: " + ", ".join(
             f"step {s.version} ({s.title})" for s in steps()[self.version :]
         )

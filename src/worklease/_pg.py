@@ -401,6 +401,11 @@ def _qualify(text: str, quoted: str) -> str:
         ),
         (f"FUNCTION {FENCE}(", f"FUNCTION {quoted}.{FENCE}("),
         (f"COMMENT ON TABLE {TABLE} IS", f"COMMENT ON TABLE {quoted}.{TABLE} IS"),
+        # inside the version record's DO block, a string literal
+        (
+            f"obj_description('{TABLE}'::regclass",
+            f"obj_description('{_in_literal(quoted)}.{TABLE}'::regclass",
+        ),
         # inside the function's body, a string literal
         (
             f"FROM {TABLE} WHERE work_id = p_work_id",
@@ -437,14 +442,29 @@ def _quote_literal(value: str) -> str:
     return "'" + value.replace("'", "''") + "'"
 
 
+def split_statements(text: str) -> list[str]:
+    """The statements of a script, without their ``;`` and comment lines; a ``;`` inside a
+    ``$$``-quoted body (a ``DO`` block) does not end a statement."""
+    lines = [line for line in text.splitlines() if not line.lstrip().startswith("--")]
+    statements: list[str] = []
+    for index, part in enumerate("\n".join(lines).split("$$")):
+        if index % 2:  # inside $$ ... $$: kept whole
+            statements[-1] += f"$${part}$$"
+            continue
+        pieces = part.split(";")
+        if statements and index:  # what follows the closing $$ ends that statement
+            statements[-1] += pieces.pop(0)
+        statements.extend(pieces)
+    return [statement.strip() for statement in statements if statement.strip()]
+
+
 def schema_statements(schema: str | None = None) -> list[str]:
     """The statements of ``schema_sql(schema)``, one by one.
 
     The canonical file (which quotes nothing) is split first and the schema put in afterwards,
     so a schema name containing ``;`` or ``--`` stays one quoted identifier.
     """
-    lines = [line for line in _canonical().splitlines() if not line.lstrip().startswith("--")]
-    canonical = [part.strip() for part in "\n".join(lines).split(";") if part.strip()]
+    canonical = split_statements(_canonical())
     name = check_schema_name(schema)
     if name is None:
         return canonical

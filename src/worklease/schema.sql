@@ -40,7 +40,7 @@ CREATE OR REPLACE FUNCTION worklease_fence(p_work_id TEXT, p_token BIGINT) RETUR
 CREATE INDEX IF NOT EXISTS idx_worklease_leases_members
     ON worklease_leases (work_id text_pattern_ops) WHERE work_id LIKE 'worklease.member/%';
 
--- step 4: lease writes are HOT updates (no updated_at index, fillfactor 90; ADR-0018).
+-- step 4: lease writes are HOT updates: no updated_at index, fillfactor 90.
 -- No index on updated_at or expires_at: every renewal and checkpoint changes both, and an
 -- index on a changed column makes each write a non-HOT update (a new index entry in every
 -- index, a table that bloats). The sweep walks the primary key in bounded batches instead.
@@ -52,4 +52,14 @@ DROP INDEX IF EXISTS idx_worklease_leases_updated_at;
 ALTER TABLE worklease_leases SET (fillfactor = 90);
 
 -- The version, recorded on the table: `worklease migrate --check` and the backend read it.
-COMMENT ON TABLE worklease_leases IS 'worklease schema version 4';
+-- Never over a newer one: a table a later worklease migrated stays as it is (run this file
+-- with `psql -1` so nothing of it is kept then).
+DO $$
+BEGIN
+    IF substring(obj_description('worklease_leases'::regclass, 'pg_class')
+                 FROM '^worklease schema version (\d+)')::int > 4 THEN
+        RAISE EXCEPTION 'the lease table records a schema version newer than 4: upgrade worklease';
+    END IF;
+    COMMENT ON TABLE worklease_leases IS 'worklease schema version 4';
+END
+$$;

@@ -295,8 +295,8 @@ class AsyncPostgresBackend:
                 guard = ACancelGuard()
                 async with conn_or_pool.connection() as conn:
                     guard.check()
-                    return (await migrate_table(conn, name)).version
-            return (await migrate_table(conn_or_pool, name)).version
+                    return (await migrate_table(conn, name, "apply_schema")).version
+            return (await migrate_table(conn_or_pool, name, "apply_schema")).version
         except psycopg.Error as exc:
             raise map_error(exc, "apply_schema") from exc
 
@@ -410,20 +410,28 @@ class AsyncPostgresBackend:
             raise map_error(exc, operation) from exc
 
     async def _check_schema(self, conn: AsyncConnection[Any], operation: str) -> None:
-        """Read the table's schema version on this backend's first call: a table newer than
-        this worklease is refused (``BackendError``), an older one logged once as a warning.
-        A missing table is left to the call's own statement (its error names the fix) and
-        asked about again next time."""
+        """Read the table's schema version on this backend's first call (the calls that
+        start before it answers ask too): a table newer than this worklease is refused
+        (``BackendError``), an older one logged once as a warning. A missing table is left to
+        the call's own statement (its error names the fix) and asked about again next time.
+        Once answered, the backend does not ask again: a later migration by a newer release
+        is met by the processes started after it."""
         schema = self._statements.schema
-        state = await probe_schema(conn, schema)
-        if conn.info.transaction_status != pq.TransactionStatus.IDLE:
-            await conn.rollback()  # a connection not in autocommit: leave it as it came
+        autocommit = conn.autocommit
+        if not autocommit:  # one statement, no transaction block (as every lease call)
+            await conn.set_autocommit(True)
+        try:
+            state = await probe_schema(conn, schema)
+        finally:
+            if not autocommit:
+                await conn.set_autocommit(False)
         if state.newer:
-            raise newer_error(state, schema, operation)
+            raise newer_error(state, schema or state.namespace, operation)
         if state.exists:
-            self._schema_checked = True
-            if not state.current:
-                logger.warning(older_warning(state, schema))
+            with self._lock:  # calls that began together probed together: one warning
+                first, self._schema_checked = not self._schema_checked, True
+            if first and not state.current:
+                logger.warning(older_warning(state, schema or state.namespace))
 
     def _detour_of(self, pool: AsyncConnectionPool[Any]) -> _Detour:
         return self._renewal_detour if pool is self._renewal_pool else self._detour
@@ -803,8 +811,6 @@ class AsyncPostgresTransaction:
             if not conn.autocommit:  # BEGIN and COMMIT are sent explicitly
                 await conn.set_autocommit(True)
                 self._restore_autocommit = True
-            if not backend._schema_checked:
-                await backend._check_schema(conn, "transaction")
             # 0 = no bound (no renewal window to respect)
             bound = statement_timeout(limit) if limit is not None else "0"
             if backend.prepare is not False:
@@ -1154,19 +1160,21 @@ async def probe_schema(conn: AsyncConnection[Any], schema: str | None) -> Schema
     """What the table reachable through ``conn`` has (see ``SchemaState``): one query."""
     cursor = AsyncClientCursor(conn, row_factory=tuple_row)
     await cursor.execute(probe_statement(schema))
-    row = await cursor.fetchone()
-    assert row is not None
-    return SchemaState.from_row(row)
+    return SchemaState.from_row(await cursor.fetchone())
 
 
-async def migrate_table(conn: AsyncConnection[Any], schema: str | None) -> SchemaState:
+async def migrate_table(
+    conn: AsyncConnection[Any], schema: str | None, operation: str
+) -> SchemaState:
     """Run the steps the table lacks and record the version, in one transaction that holds
-    the migration lock; what the table had before."""
+    the migration lock; what the table had before. Without ``schema`` an existing table is
+    upgraded where the search path found it (its missing objects go beside it); a new one
+    goes into the search path's first schema."""
     async with conn.transaction():
         await conn.execute(MIGRATE_LOCK)
         state = await probe_schema(conn, schema)  # under the lock: no migration in between
         if state.newer:
-            raise newer_error(state, schema, "apply_schema")
-        for statement in pending_statements(state.version, schema):
+            raise newer_error(state, schema or state.namespace, operation)
+        for statement in pending_statements(state.version, schema or state.namespace):
             await conn.execute(statement.encode())
     return state
