@@ -86,3 +86,26 @@ def test_the_thread_flavour_never_loads_asyncio() -> None:
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "ok"
+
+
+def test_framework_integrations_import_their_framework_only_when_used() -> None:
+    """``import worklease.contrib`` and the Django app's package import no framework; each
+    integration without its framework says which package to install."""
+    code = (
+        "import sys\n"
+        "import worklease.contrib, worklease.contrib.django\n"
+        "assert not {'django', 'celery', 'fastapi'} & set(sys.modules), sys.modules.keys()\n"
+        "sys.modules['celery'] = None\n"
+        "sys.modules['fastapi'] = None\n"
+        "for name in ('celery', 'fastapi'):\n"
+        "    try:\n"
+        "        __import__(f'worklease.contrib.{name}')\n"
+        "    except ImportError as exc:\n"
+        "        print(exc)\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines() == [
+        "worklease.contrib.celery needs Celery: pip install celery",
+        "worklease.contrib.fastapi needs FastAPI: pip install fastapi",
+    ]
