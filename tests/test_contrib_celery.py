@@ -220,6 +220,55 @@ def test_a_refused_run_past_max_retries_fails_naming_the_holder(
         other.release(token, ExitMode.FINISHED)
 
 
+def test_a_retry_from_the_body_is_never_refused_by_its_own_run(
+    app: Celery, backend: worklease.PostgresBackend, postgres_dsn: str
+) -> None:
+    """``self.retry()`` sends the retry at once: the lease is released (ABANDONED, with its
+    checkpoint) before, so the retry, on a broker polled every 0.5 ms and a worker with
+    spare threads, finds the key free and resumes."""
+    app.conf.broker_transport_options = {"polling_interval": 0.0005}
+    lease = worklease.Lease(backend, holder_id="w", ttl="30s")
+    seen: list[tuple[str, str, bytes | None]] = []
+
+    @app.task(base=LeasedTask, bind=True, lease=lease, lease_key="r/{n}", max_retries=3)
+    def flaky(self: LeasedTask, n: str) -> str:
+        seen.append((n, str(self.hold.prior.prev_exit), self.hold.prior.state))
+        if self.request.retries == 0:
+            self.hold.checkpoint(b"half")
+            raise self.retry(countdown=0)
+        return "done"
+
+    names = [key() for _ in range(20)]
+    with start_worker(app, pool="threads", concurrency=4, perform_ping_check=False):
+        results = [flaky.delay(n) for n in names]
+        assert [r.get(timeout=60) for r in results] == ["done"] * 20
+    for n in names:
+        assert (n, "abandoned", b"half") in seen  # the retry resumed after the checkpoint
+        assert row(postgres_dsn, f"r/{n}") == ("w", "finished", b"half")
+
+
+def test_one_lease_function_is_built_once_for_all_its_tasks(
+    app: Celery, backend: worklease.PostgresBackend
+) -> None:
+    app.conf.task_always_eager = True
+    builds: list[int] = []
+
+    def build() -> worklease.Lease:
+        builds.append(1)
+        return worklease.Lease(backend, holder_id="w", ttl="30s")
+
+    @app.task(base=LeasedTask, lease=build, lease_key="a/{x}")
+    def first(x: str) -> None: ...
+
+    @app.task(base=LeasedTask, lease=build, lease_key="b/{x}")
+    def second(x: str) -> None: ...
+
+    first.delay("1").get()
+    second.delay("1").get()
+    first.delay("2").get()
+    assert builds == [1]
+
+
 def test_misconfigured_tasks_say_what_is_wrong(
     app: Celery, backend: worklease.PostgresBackend
 ) -> None:

@@ -34,6 +34,7 @@ WORKERS = {
     "reports": "tests.django_project.workers.reports",
     "scheduler": "tests.django_project.workers.scheduler",
     "both": "tests.django_project.workers.both",
+    "dying": "tests.django_project.workers.dying",
     "wrong": "tests.django_project.workers.wrong",
 }
 
@@ -191,18 +192,24 @@ def test_migrate_honours_the_schema_setting(postgres_server: str) -> None:
         assert pg.execute(dsn, "SELECT to_regclass('public.worklease_leases')") == [(None,)]
 
 
-def test_the_system_check_runs_worklease_check_on_the_database(
+def test_the_system_checks_read_the_schema_and_with_deploy_the_deployment(
     postgres_server: str, database: str
 ) -> None:
     good = django(database, "check", "--database", "default")
     assert good.returncode == 0, good.stdout + good.stderr
-    assert "worklease.E001" not in good.stdout + good.stderr
+    assert "worklease." not in good.stdout + good.stderr
+    deploy = django(database, "check", "--deploy", "--database", "default")
+    assert deploy.returncode == 0, deploy.stderr
+    assert "worklease.E001" not in deploy.stderr
+    # this server has no standby: worklease check warns, as the CLI does
+    assert "worklease.W001) worklease check on database 'default': replication:" in deploy.stderr
     with empty_database(postgres_server) as dsn:  # never migrated: no table
         # A warning, not an error: `migrate` runs the database checks before it migrates.
         missing = django(dsn, "check", "--database", "default")
         assert missing.returncode == 0, missing.stderr
-        assert "worklease.W002" in missing.stderr
-        assert "schema: no worklease_leases table" in missing.stderr
+        assert (
+            "worklease.W002) worklease on database 'default': no worklease table" in missing.stderr
+        )
         assert "HINT: run `manage.py migrate`" in missing.stderr
         strict = django(dsn, "check", "--database", "default", "--fail-level", "WARNING")
         assert strict.returncode == 1
@@ -215,6 +222,11 @@ def test_the_system_check_runs_worklease_check_on_the_database(
         assert "newer than this worklease knows" in newer.stderr
         # Without --database, Django runs no database checks: nothing is reached.
         assert django(dsn, "check").returncode == 0
+    unreachable = django(
+        "host=127.0.0.1 port=1 dbname=nowhere user=postgres", "check", "--database", "default"
+    )
+    assert unreachable.returncode == 1
+    assert "worklease.E001) worklease on database 'default': cannot connect" in unreachable.stderr
 
 
 def test_bad_settings_are_reported_by_check(database: str) -> None:
@@ -224,6 +236,8 @@ def test_bad_settings_are_reported_by_check(database: str) -> None:
         ({"POOL_SIZE": 0}, "WORKLEASE['POOL_SIZE'] must be a whole number from 1 to 1000"),
         ({"SCHEMA": ""}, "schema must be a non-empty string"),
         ({"CHECK_TTL": "soon"}, "WORKLEASE: "),
+        ({"SHARE_DJANGO_POOL": True}, "WORKLEASE['SHARE_DJANGO_POOL'] needs Django's pool"),
+        ({"SHARE_DJANGO_POOL": "yes"}, "WORKLEASE['SHARE_DJANGO_POOL'] must be True or False"),
     ):
         result = django(database, "check", WL_TEST_WORKLEASE=json.dumps(setting))
         assert result.returncode == 1, setting
@@ -232,15 +246,17 @@ def test_bad_settings_are_reported_by_check(database: str) -> None:
 
 
 @pytest.mark.parametrize(
-    ("pool", "use_tz", "shared"),
-    [("1", "1", True), ("0", "1", False), ("1", "0", False)],
-    ids=["django-pool", "own-pool", "django-pool-without-use-tz"],
+    ("pool", "share", "shared"),
+    [("1", True, True), ("1", False, False), ("0", False, False)],
+    ids=["shared-django-pool", "own-pool-beside-djangos", "own-pool"],
 )
-def test_the_backend_uses_djangos_pool_when_it_can(
-    database: str, pool: str, use_tz: str, shared: bool
+def test_the_backend_uses_its_own_pool_unless_told_to_share_djangos(
+    database: str, pool: str, share: bool, shared: bool
 ) -> None:
     script = (
+        "from datetime import UTC, datetime\n"
         "from django.db import connections\n"
+        "from django.test.utils import override_settings\n"
         "import worklease\n"
         "from worklease.contrib.django import get_backend\n"
         "backend = get_backend()\n"
@@ -249,16 +265,45 @@ def test_the_backend_uses_djangos_pool_when_it_can(
         "lease = worklease.Lease(backend, holder_id='shell', ttl='30s')\n"
         "token = lease.acquire('from-a-view')\n"
         "lease.checkpoint(token, b'x')\n"
-        "from datetime import UTC, datetime\n"
         "left = (token.expires_at - datetime.now(UTC)).total_seconds()\n"
         "assert 20 < left <= 31, left\n"
         "lease.release(token, 'finished')\n"
+        "with override_settings(TIME_ZONE='Europe/Paris'):\n"  # Django replaces its pool
+        "    again = get_backend()\n"
+        "    assert again is not backend\n"
+        "    lease = worklease.Lease(again, holder_id='shell', ttl='30s')\n"
+        "    lease.release(lease.acquire('after-a-settings-change'), 'finished')\n"
         "print('ok')\n"
     )
-    result = django(database, "shell", "-c", script, WL_TEST_POOL=pool, WL_TEST_USE_TZ=use_tz)
+    setting = json.dumps({"SHARE_DJANGO_POOL": share, "WORKERS": WORKERS})
+    result = django(database, "shell", "-c", script, WL_TEST_POOL=pool, WL_TEST_WORKLEASE=setting)
     assert result.returncode == 0, result.stderr
     # Django 5.2 prints what it imported automatically first
     assert result.stdout.split()[-2:] == ["shared" if shared else "own", "ok"]
+
+
+def test_threads_using_the_orm_never_starve_the_leases(database: str) -> None:
+    """Twelve threads that use the ORM and end without closing their connection (Django
+    keeps a thread's connection until its request ends; these have no request) take all of
+    Django's pool; the leases, on their own pool, go on."""
+    script = (
+        "import threading\n"
+        "from django.db import connection\n"
+        "import worklease\n"
+        "from worklease.contrib.django import get_backend\n"
+        "def use_orm():\n"
+        "    with connection.cursor() as cursor:\n"
+        "        cursor.execute('SELECT 1')\n"
+        "threads = [threading.Thread(target=use_orm) for _ in range(12)]\n"
+        "[t.start() for t in threads]\n"
+        "[t.join() for t in threads]\n"
+        "lease = worklease.Lease(get_backend(), holder_id='shell', ttl='30s')\n"
+        "lease.release(lease.acquire('still-free'), 'finished')\n"
+        "print('ok')\n"
+    )
+    result = django(database, "shell", "-c", script, WL_TEST_POOL="1")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split()[-1] == "ok"
 
 
 @pytest.mark.parametrize("pool", ["1", "0"], ids=["django-pool", "own-pool"])
@@ -327,13 +372,27 @@ def test_sigterm_hands_the_work_over_with_its_checkpoints(database: str) -> None
         second.kill()
 
 
+def test_a_failing_worker_stops_the_others_and_exits_1(database: str) -> None:
+    run = Running(database, "dying")
+    try:
+        assert run.finish() == 1, run.output()
+    finally:
+        run.kill()
+    assert "stopping: handing the work over" in run.lines
+    assert "CommandError: dying: pool: AllSlotsDeadError" in run.output()
+    scheduler = pg.execute(
+        database, "SELECT exit_mode FROM worklease_leases WHERE work_id = 'scheduler'"
+    )
+    assert scheduler == [("finished",)]  # the leader stepped down
+
+
 def test_worklease_run_refuses_what_it_cannot_run(database: str) -> None:
     listed = django(database, "worklease_run", "--list")
     assert listed.returncode == 0
     assert [line.split("\t")[0] for line in listed.stdout.splitlines()] == sorted(WORKERS)
     for args, message in (
-        ((), "name the workers to run: both, reports, scheduler, wrong"),
-        (("nope",), "no worker 'nope' in WORKLEASE['WORKERS']; known: both, reports"),
+        ((), "name the workers to run: both, dying, reports, scheduler, wrong"),
+        (("nope",), "no worker 'nope' in WORKLEASE['WORKERS']; known: both, dying, reports"),
         (("wrong",), "worker 'wrong' returned int: a worker function returns a worklease.Pool"),
     ):
         result = django(database, "worklease_run", *args)

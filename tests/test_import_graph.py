@@ -107,8 +107,15 @@ def cycles(edges: dict[str, set[str]]) -> list[list[str]]:
     return found
 
 
+SYNC_INTEGRATIONS = ("worklease.contrib.django", "worklease.contrib.celery")
+"""Integrations of frameworks that run the sync flavour: flavoured code, as ``_sync`` is
+(they may import it, never the asyncio one)."""
+
+
 def _flavour(name: str) -> str | None:
     parts = name.split(".")
+    if name in SYNC_INTEGRATIONS or name.startswith(tuple(f"{m}." for m in SYNC_INTEGRATIONS)):
+        return "_sync"
     return parts[1] if len(parts) > 1 and parts[1] in ("_async", "_sync") else None
 
 

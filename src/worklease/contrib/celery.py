@@ -57,18 +57,36 @@ the holder), ``self.retry()`` after ``lease_retry_countdown`` seconds (Celery's
 ``max_retries`` applies; past it the ``LeaseHeldError`` is raised), or return ``None``
 without running (logged)."""
 
-_current: contextvars.ContextVar[Hold | None] = contextvars.ContextVar(
-    "worklease_celery_hold", default=None
+
+class _Run:
+    """The hold of a run in progress, and whether it was released early (by a retry)."""
+
+    __slots__ = ("hold", "released")
+
+    def __init__(self, hold: Hold) -> None:
+        self.hold = hold
+        self.released = False
+
+
+class _Retrying(Exception):
+    """How a retry leaves its hold: an exception, so the lease goes ABANDONED."""
+
+
+_current: contextvars.ContextVar[_Run | None] = contextvars.ContextVar(
+    "worklease_celery_run", default=None
 )
+_leases: dict[tuple[int, int], Lease] = {}
+"""The leases lease functions built, by process and function."""
+_building = ThreadLock()
 
 
 def current_hold() -> Hold:
     """The hold of the ``LeasedTask`` run in progress (its ``token``, ``prior``,
     ``checkpoint()``, ``renewal``). ``RuntimeError`` outside one."""
-    hold = _current.get()
-    if hold is None:
+    run = _current.get()
+    if run is None:
         raise RuntimeError("current_hold() is only available inside a LeasedTask run")
-    return hold
+    return run.hold
 
 
 class LeasedTask(Task):
@@ -77,11 +95,15 @@ class LeasedTask(Task):
     Options, given to ``@app.task(base=LeasedTask, ...)`` or set on a subclass:
 
     - ``lease``: a ``worklease.Lease``, or a function returning one; the function is called
-      once per worker process, on its first run (after Celery's prefork workers forked: a
-      connection pool must not cross a fork).
+      once per worker process (for all the tasks naming it), on the first run (after
+      Celery's prefork workers forked: a connection pool must not cross a fork, so give a
+      function, not a ``Lease`` whose pool is open, to a prefork worker).
     - ``lease_key``: the work ID of a run, a format string over the task's arguments
       (``"export/{report_id}"``, defaults applied) or a function taking the task's arguments.
     - ``lease_on_held``: ``"raise"`` (default), ``"retry"`` or ``"skip"`` (``ON_HELD``).
+      A delivery after a worker was lost (``acks_late``) meets the dead worker's lease until
+      its TTL runs out: ``"retry"`` with a countdown of at least the TTL resumes it then,
+      where ``"raise"`` fails it and ``"skip"`` drops it.
     - ``lease_retry_countdown``: seconds before the retry of a refused run (default 5).
     """
 
@@ -90,9 +112,6 @@ class LeasedTask(Task):
     lease_key: str | Callable[..., str] | None = None
     lease_on_held: str = "raise"
     lease_retry_countdown: Duration = 5.0
-
-    _built: dict[int, Lease]
-    _building = ThreadLock()
 
     @property
     def hold(self) -> Hold:
@@ -112,17 +131,29 @@ class LeasedTask(Task):
             held.__enter__()
         except LeaseHeldError as refused:
             return self._refused(refused, on_held)
-        marker = _current.set(held)
+        run = _Run(held)
+        marker = _current.set(run)
         try:
             result = super().__call__(*args, **kwargs)
         except BaseException as exc:
             _current.reset(marker)
-            if not held.__exit__(type(exc), exc, exc.__traceback__):
+            if run.released or not held.__exit__(type(exc), exc, exc.__traceback__):
                 raise
             return None  # Retire: the key is retired, the run succeeded
         _current.reset(marker)
-        held.__exit__(None, None, None)
+        if not run.released:
+            held.__exit__(None, None, None)
         return result
+
+    def retry(self, *args: Any, **kwargs: Any) -> Any:
+        """Celery's ``retry``, which first releases the run's lease ABANDONED (its last
+        checkpoint stays): the retry is sent at once and must not find its own previous run
+        still holding the key. After it (``throw=False``) the run holds nothing."""
+        run = _current.get()
+        if run is not None and not run.released:
+            run.released = True
+            run.hold.__exit__(_Retrying, _Retrying("retrying"), None)
+        return super().retry(*args, **kwargs)
 
     # -- plumbing -----------------------------------------------------------------------------
 
@@ -141,18 +172,19 @@ class LeasedTask(Task):
                 f"function returning one, got {option!r}"
             )
         pid = os.getpid()
-        with LeasedTask._building:
-            built = self.__dict__.setdefault("_built", {})
-            if pid not in built:
+        with _building:
+            lease = _leases.get((pid, id(option)))
+            if lease is None:
                 lease = option()
                 if not isinstance(lease, Lease):
                     raise ConfigError(
                         f"{self.name}: the lease function returned {type(lease).__name__}, "
                         "not a worklease.Lease (this task runs in the sync flavour)"
                     )
-                built.clear()  # a forked child drops its parent's
-                built[pid] = lease
-            return built[pid]
+                for key in [key for key in _leases if key[0] != pid]:
+                    del _leases[key]  # a forked child drops its parent's
+                _leases[(pid, id(option))] = lease
+            return lease
 
     def _work_id(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
         key = self._option("lease_key")

@@ -1,10 +1,13 @@
-"""The backend on Django's database, built once per process."""
+"""The backend on Django's database: one per process, rebuilt when Django's settings for the
+database change (a test database, ``override_settings``, a fork)."""
 
 from __future__ import annotations
 
-from typing import Any
+import functools
+import os
+from collections.abc import Callable
+from typing import Any, TypeVar
 
-from django.conf import settings as django_settings
 from django.db import connections
 from psycopg.conninfo import make_conninfo
 
@@ -12,10 +15,13 @@ from ..._compat import ThreadLock
 from ..._sync.postgres import PostgresBackend
 from ._conf import Settings, load
 
-__all__ = ["conninfo", "get_backend", "reset"]
+__all__ = ["closing_connections", "conninfo", "get_backend", "reset"]
+
+F = TypeVar("F", bound=Callable[..., Any])
 
 _lock = ThreadLock()
 _backend: PostgresBackend | None = None
+_built_for: tuple[object, ...] | None = None
 
 _DJANGO_ONLY = ("context", "cursor_factory", "prepare_threshold", "autocommit", "pool")
 """Connection parameters Django adds for its own cursors: worklease's connections keep
@@ -31,12 +37,16 @@ def conninfo(alias: str) -> str:
     return make_conninfo(**{k: v for k, v in params.items() if v is not None and v != ""})
 
 
+def _target(conf: Settings) -> tuple[object, ...]:
+    """What the backend is built for: when it changes, the backend is built again."""
+    if conf.share_django_pool:
+        return (os.getpid(), conf, id(connections[conf.database].pool))
+    return (os.getpid(), conf, conninfo(conf.database))
+
+
 def _build(conf: Settings) -> PostgresBackend:
-    wrapper = connections[conf.database]
-    pool = wrapper.pool
-    if pool is not None and django_settings.USE_TZ:
-        # Django's pool hands out connections that read timestamps as aware datetimes; with
-        # USE_TZ off its adapters make them naive local times, which a lease must not see.
+    if conf.share_django_pool:
+        pool = connections[conf.database].pool
         pool.open()  # as Django does on its first connection; a no-op once open
         return PostgresBackend(pool, schema=conf.schema)
     return PostgresBackend.connect(
@@ -48,17 +58,46 @@ def _build(conf: Settings) -> PostgresBackend:
 
 
 def get_backend() -> PostgresBackend:
-    global _backend
+    global _backend, _built_for
+    conf = load()
+    target = _target(conf)
     with _lock:
+        stale, forked = None, False
+        if _backend is not None and _built_for != target:
+            assert _built_for is not None
+            forked = _built_for[0] != os.getpid()
+            stale = _backend
+            _backend = None
         if _backend is None:
-            _backend = _build(load())
-        return _backend
+            _backend, _built_for = _build(conf), target
+        backend = _backend
+    if stale is not None and not forked:  # a parent's pool is the parent's to close
+        stale.close()
+    return backend
 
 
-def reset() -> None:
-    """Close the process's backend (the next ``get_backend()`` builds a new one)."""
-    global _backend
+def reset(**_: Any) -> None:
+    """Close the process's backend (the next ``get_backend()`` builds a new one). Connected
+    to Django's ``setting_changed`` signal."""
+    global _backend, _built_for
     with _lock:
-        backend, _backend = _backend, None
+        backend, _backend, _built_for = _backend, None, None
     if backend is not None:
         backend.close()
+
+
+def closing_connections(fn: F) -> F:
+    """Wrap a work function (or a leader's term function) so that the Django connections its
+    thread opened are closed when it returns: pool slots and leader terms run in threads of
+    their own, outside any request, and Django closes a thread's connection only at the end
+    of a request."""
+
+    @functools.wraps(fn)
+    def closing(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            for connection in connections.all(initialized_only=True):
+                connection.close()
+
+    return closing  # type: ignore[return-value]

@@ -16,7 +16,7 @@ from ...errors import ConfigError
 
 __all__ = ["Settings", "load", "worker_factory"]
 
-_KEYS = ("DATABASE", "SCHEMA", "POOL_SIZE", "CHECK_TTL", "WORKERS")
+_KEYS = ("DATABASE", "SCHEMA", "POOL_SIZE", "SHARE_DJANGO_POOL", "CHECK_TTL", "WORKERS")
 
 
 @dataclass(frozen=True)
@@ -24,6 +24,7 @@ class Settings:
     database: str = "default"
     schema: str | None = None
     pool_size: int = 4
+    share_django_pool: bool = False
     check_ttl: float = 30.0
     workers: tuple[tuple[str, str], ...] = ()
 
@@ -49,6 +50,25 @@ def load() -> Settings:
     engine = django_settings.DATABASES[database].get("ENGINE", "")
     if engine != "django.db.backends.postgresql":
         raise _bad("DATABASE", f"names {database!r}, which is {engine!r}, not PostgreSQL")
+    options = django_settings.DATABASES[database].get("OPTIONS") or {}
+    if options.get("assume_role"):
+        raise _bad(
+            "DATABASE",
+            f"names {database!r}, whose OPTIONS set assume_role: worklease's renewals and "
+            "checks open connections of their own, which would run as the login role; grant "
+            "the login role what worklease needs instead",
+        )
+    share = raw.get("SHARE_DJANGO_POOL", False)
+    if not isinstance(share, bool):
+        raise _bad("SHARE_DJANGO_POOL", f"must be True or False, got {share!r}")
+    if share and not options.get("pool"):
+        raise _bad("SHARE_DJANGO_POOL", f"needs Django's pool: {database!r} has no OPTIONS['pool']")
+    if share and not django_settings.USE_TZ:
+        raise _bad(
+            "SHARE_DJANGO_POOL",
+            "needs USE_TZ = True: with it off, Django's connections read timestamps as naive "
+            "local times, which a lease must not see",
+        )
     try:
         schema = check_schema_name(raw.get("SCHEMA"))
         check_ttl = check_duration(raw.get("CHECK_TTL", 30.0))
@@ -63,7 +83,7 @@ def load() -> Settings:
         for name, path in workers.items()
     ):
         raise _bad("WORKERS", "must map names to dotted paths of functions")
-    return Settings(database, schema, pool_size, check_ttl, tuple(workers.items()))
+    return Settings(database, schema, pool_size, share, check_ttl, tuple(workers.items()))
 
 
 def worker_factory(conf: Settings, name: str) -> Callable[[Any], Any]:

@@ -12,4 +12,13 @@ class WorkleaseConfig(AppConfig):
     default = True
 
     def ready(self) -> None:
+        from django.core.signals import setting_changed
+
         from . import checks  # noqa: F401  (registers the system checks)
+        from ._backend import reset
+
+        def settings_changed(setting: str, **_: object) -> None:
+            if setting in ("DATABASES", "WORKLEASE", "USE_TZ", "TIME_ZONE"):
+                reset()
+
+        setting_changed.connect(settings_changed, weak=False, dispatch_uid="worklease-reset")

@@ -17,8 +17,10 @@ def apply_schema(apps: Any, schema_editor: Any) -> None:
     if schema_editor.connection.alias != conf.database:
         return  # the leases live in another database
     schema_editor.connection.ensure_connection()
-    # Django's raw psycopg connection, inside the migration's transaction: apply_schema
-    # takes the migration lock and runs its steps in a savepoint of it.
+    # Django's raw psycopg connection. apply_schema runs the steps in a transaction of its
+    # own under the migration lock (Django has not begun one on it yet), which commits
+    # before Django records this migration: were the recording to fail, running it again
+    # finds nothing to do.
     PostgresBackend.apply_schema(schema_editor.connection.connection, schema=conf.schema)
 
 

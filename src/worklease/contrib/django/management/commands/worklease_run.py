@@ -1,9 +1,11 @@
 """``manage.py worklease_run NAME [NAME ...]``: run the workers of ``WORKLEASE['WORKERS']``
 until SIGTERM or Ctrl-C, then stop them gracefully (pools hand their work IDs over ABANDONED
-with their checkpoints, leaders step down) and exit 0."""
+with their checkpoints, leaders step down) and exit 0. When one of them fails, the others are
+stopped the same way and the command exits 1; a second signal ends it without waiting."""
 
 from __future__ import annotations
 
+import logging
 import signal
 from collections.abc import Callable
 from types import FrameType
@@ -16,6 +18,8 @@ from worklease import Leader, Pool
 from worklease._compat import Event, join_all, spawn
 from worklease.contrib.django._backend import get_backend, reset
 from worklease.contrib.django._conf import load, worker_factory
+
+logger = logging.getLogger("worklease.contrib.django")
 
 Service = tuple[str, Callable[[], None], Callable[[], None]]
 """What runs: a label, the blocking call, and what stops it."""
@@ -82,12 +86,19 @@ class Command(BaseCommand):
 
         def requested(signum: int, frame: FrameType | None) -> None:
             stop.set()
+            ended.set()
+            # A second signal is not asked politely: the default action (SIGINT raises
+            # KeyboardInterrupt, SIGTERM ends the process) for a work function that never
+            # looks at its renewal.
+            signal.signal(signum, previous[signal.Signals(signum)])
 
         def body(label: str, call: Callable[[], None]) -> None:
             try:
                 call()
             except Exception as exc:
-                failures.append(f"{label}: {type(exc).__name__}: {exc}")
+                failure = f"{label}: {type(exc).__name__}: {exc}"
+                logger.error("worklease_run: %s; stopping the others", failure, exc_info=exc)
+                failures.append(failure)
             finally:
                 ended.set()
 
@@ -97,10 +108,10 @@ class Command(BaseCommand):
             for label, call, _ in running:
                 threads.append(spawn(body, label, call, name=f"worklease {label}"))
                 self.stdout.write(f"running {label}")
-            while not stop.is_set() and any(t.is_alive() for t in threads):
+            while not (stop.is_set() or failures) and any(t.is_alive() for t in threads):
                 ended.wait(0.5)
                 ended.clear()
-            if stop.is_set():
+            if stop.is_set() or failures:
                 self.stdout.write("stopping: handing the work over")
             for _, _, halt in running:
                 halt()
