@@ -1,8 +1,9 @@
-"""Configuration shared by every test directory: the PostgreSQL test database and the etcd
-test cluster.
+"""Configuration shared by every test directory: the PostgreSQL test database, the etcd
+test cluster and the Redis test server.
 
-PostgreSQL tests are marked ``postgres``, etcd tests ``etcd``. Without the service they skip
-with a loud reason; with ``CI=true`` a skipped test of either kind fails the run.
+PostgreSQL tests are marked ``postgres``, etcd tests ``etcd``, Redis tests ``redis``. Without
+the service they skip with a loud reason; with ``CI=true`` a skipped test of any kind fails
+the run.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from collections.abc import Generator, Iterator
 
 import pytest
 
-from tests import etcd, pg
+from tests import etcd, pg, redis_servers
 
 _IN_CI = os.environ.get("CI", "").lower() == "true"
 _state: dict[str, object] = {"postgres_skips": 0}
@@ -45,6 +46,22 @@ def etcd_cluster() -> Iterator[etcd.EtcdCluster]:
         yield cluster
     finally:
         cluster.stop()
+
+
+@pytest.fixture(scope="session")
+def redis_server() -> Iterator[redis_servers.RedisServer]:
+    """A private standalone Redis on a free loopback port, for this run."""
+    try:
+        server = redis_servers.start()
+    except redis_servers.Unavailable as exc:
+        reason = f"Redis unavailable, Redis tests skipped: {exc}"
+        if _IN_CI:
+            pytest.fail(f"CI=true: {reason}", pytrace=False)
+        pytest.skip(reason)
+    try:
+        yield server
+    finally:
+        server.stop()
 
 
 @pytest.fixture(scope="session")

@@ -1,0 +1,264 @@
+"""The Redis / Valkey backend's decisions, shared by both flavours (ADR-0020): key layout,
+the server-side script of every operation, token arithmetic and what each answer means.
+
+Layout. A work ID is one hash, ``prefix + work_id``: a single key, so every script touches
+one hash slot on any Cluster. Fields (times in the server's milliseconds):
+
+- ``t``: the fencing token, ``max(previous + 1, now_ms * TOKEN_STEPS)`` (see ADR-0020).
+- ``h``: the holder ID of the current (or last) grant.
+- ``e``: when the grant expires; ``a`` / ``u``: when it was acquired / last written.
+- ``c``: the checkpoint (absent: none).
+- ``x``: the exit the holder declared with release (absent while held or lapsed).
+- ``pe`` / ``ph``: how the previous holder left (``none`` for a first grant) and who it was.
+
+Every script reads the hash, decides and writes in one atomic step, with ``TIME`` as the
+clock: expiry is the server's decision, never a client's. A refusal says why in the same
+reply (``FENCED`` before ``DECLARED`` before ``LAPSED``), so it is classified without
+another round trip.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+from ._failures import fenced, held, lease_expired
+from ._models import Checkpoint, ExitMode, Token
+from .errors import BackendError, ConfigError, LeaseHeldError, LeaseLostError
+
+__all__ = [
+    "ACQUIRE",
+    "CHECKPOINT",
+    "DEFAULT_PREFIX",
+    "FORGET",
+    "READ",
+    "RELEASE",
+    "RENEW",
+    "TOKEN_STEPS",
+    "Grant",
+    "check_prefix",
+    "decode_grant",
+    "decode_guarded",
+    "decode_read",
+    "key_of",
+    "milliseconds",
+]
+
+DEFAULT_PREFIX = "worklease:"
+RELEASE_CHANNEL = "worklease:release"
+"""The pub/sub channel a release or forget announces its work ID on."""
+TOKEN_STEPS = 1024
+"""Tokens per server millisecond of one work ID before the token runs ahead of the clock."""
+
+GRANTED, HELD = 1, 0
+OK, FENCED, DECLARED, LAPSED = 1, -1, -2, -3
+"""Reply codes: the first element of every script's reply."""
+
+_PRELUDE = """
+local function now_ms()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+local function int(n)
+  return string.format('%.0f', n)
+end
+"""
+
+_GUARD = """
+local r = redis.call('HMGET', KEYS[1], 't', 'h', 'e', 'x')
+if r[1] ~= ARGV[1] or r[2] ~= ARGV[2] then
+  return {-1}
+end
+local now = now_ms()
+if r[4] then
+  return {-2, r[4]}
+end
+if tonumber(r[3]) <= now then
+  return {-3, tonumber(r[3])}
+end
+"""
+"""The check every guarded write starts with (``ARGV[1]`` token, ``ARGV[2]`` holder):
+another token or no row is fenced; a declared exit or a passed expiry is expired."""
+
+ACQUIRE = (
+    _PRELUDE
+    + """
+local r = redis.call('HMGET', KEYS[1], 't', 'h', 'e', 'x', 'c')
+local now = now_ms()
+if r[1] and not r[4] and tonumber(r[3]) > now then
+  return {0, r[2], tonumber(r[3])}
+end
+local prev_exit = 'none'
+if r[1] then
+  prev_exit = r[4] or 'expired'
+end
+local token = math.max((tonumber(r[1]) or 0) + 1, now * 1024)
+local expires = now + tonumber(ARGV[2])
+redis.call('HSET', KEYS[1], 't', int(token), 'h', ARGV[1], 'e', int(expires),
+  'a', int(now), 'u', int(now), 'pe', prev_exit)
+redis.call('HDEL', KEYS[1], 'x')
+if r[1] then
+  redis.call('HSET', KEYS[1], 'ph', r[2])
+else
+  redis.call('HDEL', KEYS[1], 'ph')
+end
+return {1, int(token), expires, prev_exit, r[2] or false, r[5] or false}
+"""
+)
+"""``ARGV``: holder ID, TTL in ms. Held: ``{0, holder, expires}``. Granted: ``{1, token,
+expires, previous exit, previous holder, checkpoint}``."""
+
+RENEW = (
+    _PRELUDE
+    + _GUARD
+    + """
+local expires = now + tonumber(ARGV[3])
+redis.call('HSET', KEYS[1], 'e', int(expires), 'u', int(now))
+return {1, expires}
+"""
+)
+"""``ARGV``: token, holder ID, TTL in ms. ``{1, expires}`` or a refusal."""
+
+CHECKPOINT = (
+    _PRELUDE
+    + _GUARD
+    + """
+local expires = now + tonumber(ARGV[3])
+redis.call('HSET', KEYS[1], 'e', int(expires), 'u', int(now))
+if ARGV[4] == '' then
+  redis.call('HDEL', KEYS[1], 'c')
+else
+  redis.call('HSET', KEYS[1], 'c', ARGV[4])
+end
+return {1, expires}
+"""
+)
+"""``ARGV``: token, holder ID, TTL in ms, the state (empty: clear it). Written together with
+the extension, or not at all."""
+
+RELEASE = (
+    _PRELUDE
+    + _GUARD
+    + """
+redis.call('HSET', KEYS[1], 'x', ARGV[3], 'e', int(now), 'u', int(now))
+redis.call('PUBLISH', ARGV[4], ARGV[5])
+return {1, now}
+"""
+)
+"""``ARGV``: token, holder ID, exit mode, channel, work ID. Expires the grant now, records
+the exit and announces the work ID."""
+
+FORGET = (
+    _PRELUDE
+    + """
+local r = redis.call('HMGET', KEYS[1], 't', 'h')
+if r[1] ~= ARGV[1] or r[2] ~= ARGV[2] then
+  return {-1}
+end
+redis.call('DEL', KEYS[1])
+redis.call('PUBLISH', ARGV[3], ARGV[4])
+return {1}
+"""
+)
+"""``ARGV``: token, holder ID, channel, work ID. Deletes the row of the current grant."""
+
+READ = """
+local r = redis.call('HMGET', KEYS[1], 't', 'c', 'pe', 'ph')
+if r[1] ~= ARGV[1] then
+  return {-1}
+end
+return {1, r[2] or false, r[3], r[4] or false}
+"""
+"""``ARGV``: token. ``{1, checkpoint, previous exit, previous holder}`` or fenced."""
+
+
+def check_prefix(prefix: object) -> str:
+    """A key prefix: a non-empty string (keys are ``prefix + work_id``)."""
+    if not isinstance(prefix, str) or not prefix:
+        raise ConfigError(f"prefix must be a non-empty string, got {prefix!r}")
+    return prefix
+
+
+def key_of(prefix: str, work_id: str) -> str:
+    return prefix + work_id
+
+
+def milliseconds(seconds: float) -> int:
+    """A TTL in whole milliseconds, rounded up (a lease never lasts less than asked)."""
+    return max(1, math.ceil(seconds * 1000))
+
+
+def _text(value: object) -> str | None:
+    if value is None or value is False:
+        return None
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _int(value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int | bytes | str):
+        raise BackendError(f"unexpected reply from the server: {value!r}")
+    return int(value)
+
+
+def _bytes(value: object) -> bytes | None:
+    return bytes(value) if isinstance(value, bytes | bytearray) else None
+
+
+def at(ms: int) -> datetime:
+    """A server time in milliseconds as an aware datetime."""
+    return datetime.fromtimestamp(ms / 1000, UTC)
+
+
+@dataclass(frozen=True)
+class Grant:
+    """What an acquire returned: the new token's number and expiry, and the checkpoint the
+    previous holder left with how it left."""
+
+    fencing_token: int
+    expires_at: datetime
+    prior: Checkpoint
+
+
+def decode_grant(work_id: str, reply: list[object]) -> Grant | LeaseHeldError:
+    """An acquire's reply: the grant, or the refusal naming the holder (returned, for the
+    caller to raise or count)."""
+    code = reply[0]
+    if code == HELD:
+        return held(work_id, _text(reply[1]), at(_int(reply[2])))
+    if code != GRANTED:
+        raise BackendError(f"acquire: unexpected reply from the server: {reply!r}")
+    token, expires, prev_exit, prev_holder, state = reply[1:6]
+    exit_name = _text(prev_exit) or "none"
+    prior = Checkpoint(_bytes(state), ExitMode(exit_name), _text(prev_holder))
+    return Grant(_int(token), at(_int(expires)), prior)
+
+
+def decode_guarded(token: Token, operation: str, reply: list[object]) -> datetime:
+    """A guarded write's reply: the new expiry, or the loss raised (fenced before expired)."""
+    code = reply[0]
+    if code == OK:
+        return at(_int(reply[1]))
+    raise refusal(token, operation, reply)
+
+
+def refusal(token: Token, operation: str, reply: list[object]) -> LeaseLostError:
+    code = reply[0]
+    if code == FENCED:
+        return fenced(token, operation)
+    if code == DECLARED:
+        return lease_expired(token, operation, f"the lease was released ({_text(reply[1])})")
+    if code == LAPSED:
+        return lease_expired(token, operation, "the lease expired")
+    raise BackendError(f"{operation}: unexpected reply from the server: {reply!r}")
+
+
+def decode_read(token: Token, reply: list[object]) -> Checkpoint:
+    if reply[0] != OK:
+        raise refusal(token, "read_checkpoint", reply)
+    state, prev_exit, prev_holder = reply[1:4]
+    return Checkpoint(_bytes(state), ExitMode(_text(prev_exit) or "none"), _text(prev_holder))
+
+
+def is_held(outcome: Grant | LeaseHeldError) -> bool:
+    return isinstance(outcome, LeaseHeldError)
