@@ -103,6 +103,9 @@ REPLACEMENTS: dict[str, str] = {
     "AsyncLeaseTransaction": "LeaseTransaction",
     "AsyncReleaseWatching": "ReleaseWatching",
     "AsyncEtcdBackend": "EtcdBackend",
+    "AsyncRedisBackend": "RedisBackend",
+    # redis-py: the asyncio clients and their blocking twins
+    "_aredis": "_sredis",
     # compat pairs: worklease._acompat (asyncio) -> worklease._compat (threads), and the
     # tests' own pair of modules of the same names
     "_acompat": "_compat",

@@ -159,10 +159,13 @@ def test_a_token_lost_with_its_write_is_never_reissued(scripts: Scripts) -> None
 def test_every_guarded_write_is_refused_as_fenced_or_expired(scripts: Scripts) -> None:
     old = scripts.token("job", "w1", ttl=0.05)
     scripts.wait_past(old.expires_at)
-    lapsed: list[Callable[[Token], Any]] = [scripts.renew, lambda t: scripts.checkpoint(t, b"x")]
+    lapsed: list[Callable[[Token], Any]] = [
+        scripts.renew,
+        lambda t: scripts.release(t, ExitMode.FINISHED),
+    ]
     for write in lapsed:
         with pytest.raises(LeaseExpiredError, match="the lease expired"):
-            write(old)
+            write(old)  # renew and release cannot revive a lapsed lease
     current = scripts.token("job", "w2")
     writes: list[Callable[[Token], Any]] = [
         scripts.renew,
@@ -184,6 +187,16 @@ def test_every_guarded_write_is_refused_as_fenced_or_expired(scripts: Scripts) -
     gone = Token("never", "w1", 1, current.expires_at)
     with pytest.raises(FencedError):
         scripts.renew(gone)  # no row at all
+
+
+def test_a_checkpoint_revives_a_lapsed_lease_nobody_took(scripts: Scripts) -> None:
+    token = scripts.token("job", "w1", ttl=0.05)
+    scripts.wait_past(token.expires_at)
+    revived = scripts.checkpoint(token, b"still mine", ttl=30)
+    assert revived > token.expires_at
+    refused = scripts.acquire("job", "w2")
+    assert isinstance(refused, LeaseHeldError)
+    assert refused.holder_id == "w1"
 
 
 def test_a_checkpoint_is_stored_with_its_extension_and_cleared_by_empty_state(
@@ -216,7 +229,16 @@ def test_release_and_forget_announce_the_work_id(scripts: Scripts) -> None:
             if message and message["type"] == "message":
                 seen.append(message["data"])
         assert seen == [b"released", b"forgotten"]
-        assert scripts.client.exists(scripts.key("forgotten")) == 0
+        # only a tombstone with the token is left, for a second
+        assert scripts.client.hgetall(scripts.key("forgotten")) == {
+            b"t": str(forgotten.fencing_token).encode(),
+            b"f": b"1",
+        }
+        assert 0 < scripts.client.pttl(scripts.key("forgotten")) <= 1000
+        again = scripts.token("forgotten", "w2")  # at once, possibly in the same millisecond
+        assert again.fencing_token > forgotten.fencing_token
+        assert scripts.read(again) == Checkpoint(None, ExitMode.NONE, None)
+        assert scripts.client.pttl(scripts.key("forgotten")) == -1  # a row again: no expiry
     finally:
         pubsub.close()
 

@@ -119,6 +119,7 @@ if TYPE_CHECKING:
     from ._async.memory import AsyncMemoryBackend as AsyncMemoryBackend
     from ._async.pool import AsyncPool as AsyncPool
     from ._async.postgres import AsyncPostgresBackend as AsyncPostgresBackend
+    from ._async.redis import AsyncRedisBackend as AsyncRedisBackend
     from ._async.renewal import AsyncRenewal as AsyncRenewal
     from ._async.runner import AsyncRunner as AsyncRunner
     from ._async.transaction import AsyncLeaseTransaction as AsyncLeaseTransaction
@@ -130,6 +131,7 @@ if TYPE_CHECKING:
     from ._sync.check import check_postgres as check_postgres
     from ._sync.etcd import EtcdBackend as EtcdBackend
     from ._sync.postgres import PostgresBackend as PostgresBackend
+    from ._sync.redis import RedisBackend as RedisBackend
 
 _LAZY = {
     # the asyncio flavour loads asyncio: a program using threads never imports it
@@ -156,6 +158,9 @@ _LAZY = {
     # the etcd backend loads httpx (the ``etcd`` extra)
     "AsyncEtcdBackend": "._async.etcd",
     "EtcdBackend": "._sync.etcd",
+    # the Redis backend loads redis-py (the ``redis`` extra)
+    "AsyncRedisBackend": "._async.redis",
+    "RedisBackend": "._sync.redis",
     "AsyncPostgresBackend": "._async.postgres",
     "PostgresBackend": "._sync.postgres",
     "acheck_postgres": "._async.check",
@@ -199,6 +204,7 @@ __all__ = [
     "AsyncMemoryBackend",
     "AsyncPool",
     "AsyncEtcdBackend",
+    "AsyncRedisBackend",
     "AsyncPostgresBackend",
     "AsyncCheckpointMany",
     "AsyncReleaseMany",
@@ -258,6 +264,7 @@ __all__ = [
     "PoolSurvey",
     "PoolWorkFnRequiredError",
     "EtcdBackend",
+    "RedisBackend",
     "PostgresBackend",
     "ReadCheckpointEvent",
     "ReleaseEvent",

@@ -65,7 +65,7 @@ local function int(n)
 end
 """
 
-_GUARD = """
+_OWNED = """
 local r = redis.call('HMGET', KEYS[1], 't', 'h', 'e', 'x')
 if r[1] ~= ARGV[1] or r[2] ~= ARGV[2] then
   return {-1}
@@ -74,23 +74,35 @@ local now = now_ms()
 if r[4] then
   return {-2, r[4]}
 end
+"""
+"""The check every guarded write starts with (``ARGV[1]`` token, ``ARGV[2]`` holder):
+another token or no row is fenced; a declared exit is expired."""
+
+_GUARD = (
+    _OWNED
+    + """
 if tonumber(r[3]) <= now then
   return {-3, tonumber(r[3])}
 end
 """
-"""The check every guarded write starts with (``ARGV[1]`` token, ``ARGV[2]`` holder):
-another token or no row is fenced; a declared exit or a passed expiry is expired."""
+)
+"""``_OWNED``, and a passed expiry is expired too (renew, release: they cannot revive a
+lapsed lease)."""
 
 ACQUIRE = (
     _PRELUDE
     + """
-local r = redis.call('HMGET', KEYS[1], 't', 'h', 'e', 'x', 'c')
+local r = redis.call('HMGET', KEYS[1], 't', 'h', 'e', 'x', 'c', 'f')
 local now = now_ms()
-if r[1] and not r[4] and tonumber(r[3]) > now then
+if r[6] then
+  -- a forgotten row's tombstone: no row, but its token is not to be issued again
+  redis.call('DEL', KEYS[1])
+  r = {r[1], false, false, false, false}
+elseif r[1] and not r[4] and tonumber(r[3]) > now then
   return {0, r[2], tonumber(r[3])}
 end
 local prev_exit = 'none'
-if r[1] then
+if r[2] then
   prev_exit = r[4] or 'expired'
 end
 local token = math.max((tonumber(r[1]) or 0) + 1, now * 1024)
@@ -98,7 +110,7 @@ local expires = now + tonumber(ARGV[2])
 redis.call('HSET', KEYS[1], 't', int(token), 'h', ARGV[1], 'e', int(expires),
   'a', int(now), 'u', int(now), 'pe', prev_exit)
 redis.call('HDEL', KEYS[1], 'x')
-if r[1] then
+if r[2] then
   redis.call('HSET', KEYS[1], 'ph', r[2])
 else
   redis.call('HDEL', KEYS[1], 'ph')
@@ -122,7 +134,7 @@ return {1, expires}
 
 CHECKPOINT = (
     _PRELUDE
-    + _GUARD
+    + _OWNED
     + """
 local expires = now + tonumber(ARGV[3])
 redis.call('HSET', KEYS[1], 'e', int(expires), 'u', int(now))
@@ -135,7 +147,8 @@ return {1, expires}
 """
 )
 """``ARGV``: token, holder ID, TTL in ms, the state (empty: clear it). Written together with
-the extension, or not at all."""
+the extension, or not at all. A lapsed grant nobody superseded is revived (as on every
+backend: the holder's work was not taken over)."""
 
 RELEASE = (
     _PRELUDE
@@ -157,15 +170,19 @@ if r[1] ~= ARGV[1] or r[2] ~= ARGV[2] then
   return {-1}
 end
 redis.call('DEL', KEYS[1])
+redis.call('HSET', KEYS[1], 't', ARGV[1], 'f', '1')
+redis.call('PEXPIRE', KEYS[1], 1000)
 redis.call('PUBLISH', ARGV[3], ARGV[4])
 return {1}
 """
 )
-"""``ARGV``: token, holder ID, channel, work ID. Deletes the row of the current grant."""
+"""``ARGV``: token, holder ID, channel, work ID. Deletes the row of the current grant,
+leaving for one second a tombstone with only its token: an acquire in the same millisecond
+must still issue a greater one (after a second the server clock alone does)."""
 
 READ = """
-local r = redis.call('HMGET', KEYS[1], 't', 'c', 'pe', 'ph')
-if r[1] ~= ARGV[1] then
+local r = redis.call('HMGET', KEYS[1], 't', 'c', 'pe', 'ph', 'f')
+if r[1] ~= ARGV[1] or r[5] then
   return {-1}
 end
 return {1, r[2] or false, r[3], r[4] or false}
@@ -185,7 +202,10 @@ def key_of(prefix: str, work_id: str) -> str:
 
 
 def milliseconds(seconds: float) -> int:
-    """A TTL in whole milliseconds, rounded up (a lease never lasts less than asked)."""
+    """A TTL in whole milliseconds, rounded up (a lease never lasts less than asked); zero
+    or less stays so (an already-expired lease, the test affordance of ``backend_ttl``)."""
+    if seconds <= 0:
+        return math.floor(seconds * 1000)
     return max(1, math.ceil(seconds * 1000))
 
 
@@ -262,3 +282,86 @@ def decode_read(token: Token, reply: list[object]) -> Checkpoint:
 
 def is_held(outcome: Grant | LeaseHeldError) -> bool:
     return isinstance(outcome, LeaseHeldError)
+
+
+SWEEP = (
+    _PRELUDE
+    + """
+local r = redis.call('HMGET', KEYS[1], 't', 'e', 'x', 'u')
+if r[1] ~= ARGV[1] then
+  return 0
+end
+local now = now_ms()
+if not r[3] and tonumber(r[2]) > now then
+  return 0
+end
+if tonumber(r[4]) > tonumber(ARGV[2]) then
+  return 0
+end
+if r[3] == 'retired' or (ARGV[3] == '1' and not r[3]) then
+  redis.call('DEL', KEYS[1])
+  return 1
+end
+return 0
+"""
+)
+"""``ARGV``: the token seen, the cutoff (server ms: rows written after it stay), ``'1'`` to
+include lapsed undeclared rows. Deletes the row only if it is still the one seen, not held,
+old enough and retired (or lapsed, if asked): a grant in between keeps it."""
+
+_GLOB_SPECIAL = str.maketrans({c: "\\" + c for c in "*?[]\\"})
+
+
+def scan_pattern(prefix: str) -> str:
+    """The ``SCAN MATCH`` pattern of every key under ``prefix`` (its glob characters
+    escaped)."""
+    return prefix.translate(_GLOB_SPECIAL) + "*"
+
+
+ROW_FIELDS = ("t", "h", "e", "x", "pe", "ph", "u", "c")
+
+
+@dataclass(frozen=True)
+class Row:
+    """A work ID's hash as read for ``rows()`` and ``sweep``."""
+
+    work_id: str
+    token: int
+    holder_id: str
+    expires_ms: int
+    exit_mode: str | None
+    prev_exit: str | None
+    prev_holder_id: str | None
+    updated_ms: int
+    checkpoint_bytes: int | None
+
+    def held(self, now_ms: int) -> bool:
+        return self.exit_mode is None and self.expires_ms > now_ms
+
+    def sweepable(self, now_ms: int, cutoff_ms: int, include_expired: bool) -> bool:
+        if self.held(now_ms) or self.updated_ms > cutoff_ms:
+            return False
+        return self.exit_mode == "retired" or (include_expired and self.exit_mode is None)
+
+
+def decode_row(prefix: str, key: bytes | str, values: list[object]) -> Row | None:
+    """A hash's fields (``ROW_FIELDS`` order, the checkpoint as its length); ``None`` for a
+    key that is not a lease row (gone meanwhile, or another application's)."""
+    token, holder, expires, exit_mode, prev_exit, prev_holder, updated, size = values
+    name = key.decode() if isinstance(key, bytes) else key
+    if token is None or holder is None or expires is None or not name.startswith(prefix):
+        return None
+    try:
+        return Row(
+            name[len(prefix) :],
+            _int(token),
+            _text(holder) or "",
+            _int(expires),
+            _text(exit_mode),
+            _text(prev_exit),
+            _text(prev_holder),
+            _int(updated) if updated is not None else 0,
+            _int(size) if size else None,
+        )
+    except BackendError:
+        return None
