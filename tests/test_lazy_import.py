@@ -109,3 +109,22 @@ def test_framework_integrations_import_their_framework_only_when_used() -> None:
         "worklease.contrib.celery needs Celery: pip install celery",
         "worklease.contrib.fastapi needs FastAPI: pip install fastapi",
     ]
+
+
+def test_the_redis_backend_loads_redis_py_on_first_use() -> None:
+    code = (
+        "import sys\n"
+        "import worklease\n"
+        "assert 'redis' not in sys.modules\n"
+        "sys.modules['redis'] = None\n"
+        "try:\n"
+        "    worklease.RedisBackend\n"
+        "except ImportError as exc:\n"
+        "    print(exc)\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == (
+        "the Redis backend needs redis-py: pip install redis (worklease's redis extra: "
+        "pip install '.[redis]' from a checkout)"
+    )
