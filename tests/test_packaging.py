@@ -13,7 +13,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 DESCRIPTION = ROOT / "docs" / "package-description.md"
-PUBLIC_EXTRAS = {"binary", "etcd", "otel", "prometheus"}
+PUBLIC_EXTRAS = {"binary", "etcd", "otel", "prometheus", "redis"}
 
 builders = pytest.importorskip("hatchling.builders.sdist")
 wheel_builders = pytest.importorskip("hatchling.builders.wheel")
