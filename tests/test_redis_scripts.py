@@ -232,6 +232,7 @@ def test_release_and_forget_announce_the_work_id(scripts: Scripts) -> None:
         # only a tombstone with the token is left, for a second
         assert scripts.client.hgetall(scripts.key("forgotten")) == {
             b"t": str(forgotten.fencing_token).encode(),
+            b"h": b"w1",
             b"f": b"1",
         }
         assert 0 < scripts.client.pttl(scripts.key("forgotten")) <= 1000
@@ -241,6 +242,60 @@ def test_release_and_forget_announce_the_work_id(scripts: Scripts) -> None:
         assert scripts.client.pttl(scripts.key("forgotten")) == -1  # a row again: no expiry
     finally:
         pubsub.close()
+
+
+def test_a_token_ahead_of_the_clock_is_followed_by_exactly_the_next(scripts: Scripts) -> None:
+    """``previous + 1`` when the row's token is ahead of the clock: after a release, a
+    forget's tombstone, and never deleted by a sweep while the clock is behind it."""
+    token = scripts.token("job", "w1")
+    ahead = (scripts.server_ms() + 3_600_000) * r.TOKEN_STEPS  # an hour ahead
+    scripts.client.hset(scripts.key("job"), "t", str(ahead))
+    moved = Token("job", "w1", ahead, token.expires_at)
+    scripts.release(moved, ExitMode.RETIRED)
+    after_release = scripts.token("job", "w2")
+    assert after_release.fencing_token == ahead + 1
+    scripts.forget(after_release)
+    assert scripts.client.pttl(scripts.key("job")) > 3_000_000  # kept until the clock passes it
+    after_forget = scripts.token("job", "w3")
+    assert after_forget.fencing_token == ahead + 2
+    scripts.release(after_forget, ExitMode.RETIRED)
+    sweep = scripts.client.register_script(r.SWEEP)
+    swept = sweep(keys=[scripts.key("job")], args=[str(ahead + 2), "0", "1"])
+    assert swept == 0  # deleting it would let the clock undercut its token
+    assert scripts.token("job", "w4").fencing_token == ahead + 3
+
+
+def test_the_same_release_or_forget_sent_again_succeeds(scripts: Scripts) -> None:
+    """A client that retried after sending: the repeat finds its own write and succeeds."""
+    token = scripts.token("job", "w1")
+    scripts.release(token, ExitMode.FINISHED)
+    scripts.release(token, ExitMode.FINISHED)  # the same release again
+    with pytest.raises(LeaseExpiredError, match=r"released \(finished\)"):
+        scripts.release(token, ExitMode.ABANDONED)  # another release is refused
+    again = scripts.token("job", "w2")
+    scripts.forget(again)
+    scripts.forget(again)  # the same forget again
+    with pytest.raises(FencedError):
+        scripts.renew(again)  # a tombstone is no grant
+
+
+def test_the_sweep_script_leaves_what_changed_since_it_was_read(scripts: Scripts) -> None:
+    sweep = scripts.client.register_script(r.SWEEP)
+    token = scripts.token("job", "w1")
+    scripts.release(token, ExitMode.RETIRED)
+    seen = str(token.fencing_token)
+    scripts.wait_past(datetime.fromtimestamp(scripts.server_ms() / 1000 + 0.01, UTC))
+    assert sweep(keys=[scripts.key("job")], args=[seen, "3600000", "1"]) == 0  # too recent
+    successor = scripts.token("job", "w2")  # granted again since it was read
+    assert sweep(keys=[scripts.key("job")], args=[seen, "0", "1"]) == 0
+    scripts.release(successor, ExitMode.RETIRED)
+    scripts.forget(Token("job", "w2", successor.fencing_token, successor.expires_at))
+    # the tombstone of a forget: neither swept nor an error
+    assert sweep(keys=[scripts.key("job")], args=[str(successor.fencing_token), "0", "1"]) == 0
+    other = scripts.token("other", "w1")
+    scripts.release(other, ExitMode.RETIRED)
+    scripts.wait_past(datetime.fromtimestamp(scripts.server_ms() / 1000 + 0.01, UTC))
+    assert sweep(keys=[scripts.key("other")], args=[str(other.fencing_token), "0", "1"]) == 1
 
 
 def test_a_flushed_script_cache_is_loaded_again(scripts: Scripts) -> None:

@@ -10,6 +10,8 @@ one hash slot on any Cluster. Fields (times in the server's milliseconds):
 - ``c``: the checkpoint (absent: none).
 - ``x``: the exit the holder declared with release (absent while held or lapsed).
 - ``pe`` / ``ph``: how the previous holder left (``none`` for a first grant) and who it was.
+- ``f``: set on a forgotten row's tombstone (only ``t``, ``h`` and ``f``; it expires once the
+  server clock has passed its token): no row to anyone, but its token is never issued again.
 
 Every script reads the hash, decides and writes in one atomic step, with ``TIME`` as the
 clock: expiry is the server's decision, never a client's. A refusal says why in the same
@@ -66,8 +68,8 @@ end
 """
 
 _OWNED = """
-local r = redis.call('HMGET', KEYS[1], 't', 'h', 'e', 'x')
-if r[1] ~= ARGV[1] or r[2] ~= ARGV[2] then
+local r = redis.call('HMGET', KEYS[1], 't', 'h', 'e', 'x', 'f')
+if r[1] ~= ARGV[1] or r[2] ~= ARGV[2] or r[5] then
   return {-1}
 end
 local now = now_ms()
@@ -152,6 +154,12 @@ backend: the holder's work was not taken over)."""
 
 RELEASE = (
     _PRELUDE
+    + """
+local seen = redis.call('HMGET', KEYS[1], 't', 'h', 'x', 'f')
+if seen[1] == ARGV[1] and seen[2] == ARGV[2] and seen[3] == ARGV[3] and not seen[4] then
+  return {1, now_ms()}  -- this very release, sent again (a client's retry): done already
+end
+"""
     + _GUARD
     + """
 redis.call('HSET', KEYS[1], 'x', ARGV[3], 'e', int(now), 'u', int(now))
@@ -160,25 +168,32 @@ return {1, now}
 """
 )
 """``ARGV``: token, holder ID, exit mode, channel, work ID. Expires the grant now, records
-the exit and announces the work ID."""
+the exit and announces the work ID. The same release sent again (a client that retried after
+sending) succeeds without writing: the first one did."""
 
 FORGET = (
     _PRELUDE
     + """
-local r = redis.call('HMGET', KEYS[1], 't', 'h')
+local r = redis.call('HMGET', KEYS[1], 't', 'h', 'f')
 if r[1] ~= ARGV[1] or r[2] ~= ARGV[2] then
   return {-1}
 end
+if r[3] then
+  return {1}  -- this very forget, sent again (a client's retry): done already
+end
+-- Kept until the server clock passed the token (it may run ahead of the clock), at least 1 s.
+local hold_ms = math.max(1000, math.floor(tonumber(ARGV[1]) / 1024) - now_ms() + 1000)
 redis.call('DEL', KEYS[1])
-redis.call('HSET', KEYS[1], 't', ARGV[1], 'f', '1')
-redis.call('PEXPIRE', KEYS[1], 1000)
+redis.call('HSET', KEYS[1], 't', ARGV[1], 'h', ARGV[2], 'f', '1')
+redis.call('PEXPIRE', KEYS[1], hold_ms)
 redis.call('PUBLISH', ARGV[3], ARGV[4])
 return {1}
 """
 )
 """``ARGV``: token, holder ID, channel, work ID. Deletes the row of the current grant,
-leaving for one second a tombstone with only its token: an acquire in the same millisecond
-must still issue a greater one (after a second the server clock alone does)."""
+leaving a tombstone (``f``) with its token and holder until the server clock has passed the
+token, at least one second: an acquire meanwhile still issues a greater token (afterwards the
+clock alone does), and the same forget sent again succeeds."""
 
 READ = """
 local r = redis.call('HMGET', KEYS[1], 't', 'c', 'pe', 'ph', 'f')
@@ -250,7 +265,7 @@ def decode_grant(work_id: str, reply: list[object]) -> Grant | LeaseHeldError:
         raise BackendError(f"acquire: unexpected reply from the server: {reply!r}")
     token, expires, prev_exit, prev_holder, state = reply[1:6]
     exit_name = _text(prev_exit) or "none"
-    prior = Checkpoint(_bytes(state), ExitMode(exit_name), _text(prev_holder))
+    prior = Checkpoint(_bytes(state), ExitMode.from_stored(exit_name), _text(prev_holder))
     return Grant(_int(token), at(_int(expires)), prior)
 
 
@@ -277,7 +292,9 @@ def decode_read(token: Token, reply: list[object]) -> Checkpoint:
     if reply[0] != OK:
         raise refusal(token, "read_checkpoint", reply)
     state, prev_exit, prev_holder = reply[1:4]
-    return Checkpoint(_bytes(state), ExitMode(_text(prev_exit) or "none"), _text(prev_holder))
+    return Checkpoint(
+        _bytes(state), ExitMode.from_stored(_text(prev_exit) or "none"), _text(prev_holder)
+    )
 
 
 def is_held(outcome: Grant | LeaseHeldError) -> bool:
@@ -287,16 +304,19 @@ def is_held(outcome: Grant | LeaseHeldError) -> bool:
 SWEEP = (
     _PRELUDE
     + """
-local r = redis.call('HMGET', KEYS[1], 't', 'e', 'x', 'u')
-if r[1] ~= ARGV[1] then
+local r = redis.call('HMGET', KEYS[1], 't', 'e', 'x', 'u', 'f', 'h')
+if r[1] ~= ARGV[1] or r[5] or not r[6] then
   return 0
 end
 local now = now_ms()
 if not r[3] and tonumber(r[2]) > now then
   return 0
 end
-if tonumber(r[4]) > tonumber(ARGV[2]) then
+if tonumber(r[4]) >= now - tonumber(ARGV[2]) then
   return 0
+end
+if tonumber(r[1]) >= now * 1024 then
+  return 0  -- its token ran ahead of the clock: deleting it could let an acquire undercut it
 end
 if r[3] == 'retired' or (ARGV[3] == '1' and not r[3]) then
   redis.call('DEL', KEYS[1])
@@ -305,9 +325,10 @@ end
 return 0
 """
 )
-"""``ARGV``: the token seen, the cutoff (server ms: rows written after it stay), ``'1'`` to
-include lapsed undeclared rows. Deletes the row only if it is still the one seen, not held,
-old enough and retired (or lapsed, if asked): a grant in between keeps it."""
+"""``ARGV``: the token seen, the retention in ms, ``'1'`` to include lapsed undeclared rows.
+Deletes the row only if it is still the one seen (not a tombstone), not held, last written
+more than the retention ago by the server's clock, retired (or lapsed, if asked), and its
+token below what the clock issues now, so the next acquire's token is greater without it."""
 
 _GLOB_SPECIAL = str.maketrans({c: "\\" + c for c in "*?[]\\"})
 
@@ -318,7 +339,7 @@ def scan_pattern(prefix: str) -> str:
     return prefix.translate(_GLOB_SPECIAL) + "*"
 
 
-ROW_FIELDS = ("t", "h", "e", "x", "pe", "ph", "u", "c")
+ROW_FIELDS = ("t", "h", "e", "x", "pe", "ph", "u", "f", "c")
 
 
 @dataclass(frozen=True)
@@ -339,7 +360,8 @@ class Row:
         return self.exit_mode is None and self.expires_ms > now_ms
 
     def sweepable(self, now_ms: int, cutoff_ms: int, include_expired: bool) -> bool:
-        if self.held(now_ms) or self.updated_ms > cutoff_ms:
+        """A first guess (the sweep script decides, on the server's clock)."""
+        if self.held(now_ms) or self.updated_ms >= cutoff_ms:
             return False
         return self.exit_mode == "retired" or (include_expired and self.exit_mode is None)
 
@@ -347,9 +369,14 @@ class Row:
 def decode_row(prefix: str, key: bytes | str, values: list[object]) -> Row | None:
     """A hash's fields (``ROW_FIELDS`` order, the checkpoint as its length); ``None`` for a
     key that is not a lease row (gone meanwhile, or another application's)."""
-    token, holder, expires, exit_mode, prev_exit, prev_holder, updated, size = values
-    name = key.decode() if isinstance(key, bytes) else key
-    if token is None or holder is None or expires is None or not name.startswith(prefix):
+    token, holder, expires, exit_mode, prev_exit, prev_holder, updated, tomb, size = values
+    try:
+        name = key.decode() if isinstance(key, bytes) else key
+    except UnicodeDecodeError:
+        return None  # not a work ID of ours (work IDs are text)
+    if token is None or holder is None or expires is None or tomb is not None:
+        return None
+    if not name.startswith(prefix):
         return None
     try:
         return Row(
@@ -363,5 +390,5 @@ def decode_row(prefix: str, key: bytes | str, values: list[object]) -> Row | Non
             _int(updated) if updated is not None else 0,
             _int(size) if size else None,
         )
-    except BackendError:
+    except (BackendError, UnicodeDecodeError):
         return None

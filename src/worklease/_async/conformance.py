@@ -93,8 +93,9 @@ class AsyncBackendConformance:
 
     TOKENS_ORDERED_ACROSS_WORK_IDS: ClassVar[bool] = True
     """Whether a later acquire of another work ID gets a greater token (case 4). Fencing
-    needs tokens ordered per work ID only; a backend without one global counter (Redis
-    Cluster: a script may touch one hash slot) sets this to ``False`` (ADR-0020)."""
+    needs tokens ordered per work ID only; a backend without one global counter sets this to
+    ``False`` (Redis: tokens come from the server clock per work ID, so two first grants in
+    one millisecond tie, and on a Cluster a script may touch one hash slot; ADR-0020)."""
 
     PROMPT: ClassVar[float] = 10.0
     """Upper bound in seconds for an acquire that must not wait (a third of ``NORMAL_TTL``)."""

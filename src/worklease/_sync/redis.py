@@ -48,11 +48,32 @@ from .backend import StateLike
 
 __all__ = ["RedisBackend"]
 
+_PERMANENT = (redis_errors.AuthenticationError, redis_errors.AuthorizationError)
+"""Connection errors that no retry mends: wrong credentials, a missing permission."""
 _TRANSIENT = (
     redis_errors.ConnectionError,
     redis_errors.TimeoutError,
     redis_errors.BusyLoadingError,
+    redis_errors.ReadOnlyError,  # a replica answered (a failover in progress, a stale route)
+    redis_errors.ClusterDownError,
+    redis_errors.TryAgainError,
 )
+_TRANSIENT_REPLIES = ("BUSY", "NOREPLICAS", "MASTERDOWN", "LOADING")
+
+
+def backend_error(exc: BaseException, operation: str) -> BackendError:
+    """A redis-py failure as ``BackendError``, transient when waiting may mend it."""
+    detail = f"{type(exc).__name__}: {first_line(exc)}"
+    if isinstance(exc, _PERMANENT):
+        return BackendError(f"{operation}: Redis refused the client ({detail})")
+    if isinstance(exc, _TRANSIENT) or str(exc).startswith(_TRANSIENT_REPLIES):
+        return BackendError(f"{operation}: Redis did not answer ({detail})", transient=True)
+    if isinstance(exc, redis_errors.RedisClusterException):  # slot not covered, and the like
+        return BackendError(f"{operation}: Redis Cluster error ({detail})", transient=True)
+    return BackendError(f"{operation}: Redis error: {detail}")
+
+
+_FAILURES = (redis_errors.RedisError, redis_errors.RedisClusterException)
 
 
 class RedisBackend:
@@ -61,7 +82,14 @@ class RedisBackend:
     ``client``: a redis-py client of this flavour (``Redis``, a ``RedisCluster``, or a
     Sentinel's ``master_for(...)``), created with ``decode_responses=False`` (checkpoints are
     bytes). The backend never closes it. ``prefix``: where the keys live (``worklease:`` by
-    default; several applications can share one server).
+    default; several applications can share one server, with prefixes none of which starts
+    another: ``q:`` would also read ``q:tenant:``'s rows).
+
+    A client that retries a command after sending it (redis-py's ``Retry``) may send a write
+    twice: a repeated release or forget succeeds, a repeated checkpoint or renew writes the
+    same again, but a repeated acquire finds the lease held, by this very holder, until its
+    TTL: give the client no retries on ``TimeoutError`` if that matters (the lease layer
+    retries renewals itself).
 
     Every operation is one server-side script on one key: the token, holder, exit and expiry
     are checked and written in one atomic step, with the server's ``TIME`` as the clock, so
@@ -103,21 +131,16 @@ class RedisBackend:
 
     # -- transport -------------------------------------------------------------------------
 
-    def _call(self, operation: str, script: Any, key: str, args: list[Any]) -> list[Any]:
+    def _call(
+        self, operation: str, script: Any, key: str, args: list[Any], *, expect_list: bool = True
+    ) -> Any:
         if self._closed:
             raise closed(operation)
         try:
             reply = script(keys=[key], args=args)
-        except _TRANSIENT as exc:
-            raise BackendError(
-                f"{operation}: Redis did not answer ({type(exc).__name__}: {first_line(exc)})",
-                transient=True,
-            ) from exc
-        except redis_errors.RedisError as exc:
-            raise BackendError(
-                f"{operation}: Redis error: {type(exc).__name__}: {first_line(exc)}"
-            ) from exc
-        if not isinstance(reply, list):
+        except _FAILURES as exc:
+            raise backend_error(exc, operation) from exc
+        if expect_list and not isinstance(reply, list):
             raise BackendError(f"{operation}: unexpected reply from the server: {reply!r}")
         return reply
 
@@ -187,8 +210,8 @@ class RedisBackend:
     def _server_ms(self, operation: str) -> int:
         try:
             seconds, micros = self._client.time()
-        except redis_errors.RedisError as exc:
-            raise BackendError(f"{operation}: Redis error: {first_line(exc)}") from exc
+        except _FAILURES as exc:
+            raise backend_error(exc, operation) from exc
         return int(seconds) * 1000 + int(micros) // 1000
 
     def _rows(self, operation: str) -> list[Row]:
@@ -197,9 +220,10 @@ class RedisBackend:
             raise closed(operation)
         found: list[Row] = []
         try:
-            keys: list[bytes] = []
+            seen: dict[bytes, None] = {}  # SCAN may return a key more than once
             for key in self._client.scan_iter(match=scan_pattern(self._prefix), count=500):
-                keys.append(key)
+                seen[key] = None
+            keys = list(seen)
             for start in range(0, len(keys), 500):
                 part = keys[start : start + 500]
                 pipe = self._client.pipeline(transaction=False)
@@ -209,46 +233,37 @@ class RedisBackend:
                 replies = pipe.execute(raise_on_error=False)
                 for index, key in enumerate(part):
                     fields, size = replies[2 * index], replies[2 * index + 1]
-                    if isinstance(fields, Exception) or isinstance(size, Exception):
-                        continue  # not a hash: another application's key under the prefix
-                    values = [*fields, size]
-                    row = decode_row(self._prefix, key, values)
+                    failed = next((r for r in (fields, size) if isinstance(r, Exception)), None)
+                    if failed is not None:
+                        if str(failed).startswith("WRONGTYPE"):
+                            continue  # not a hash: another application's key under the prefix
+                        raise failed
+                    row = decode_row(self._prefix, key, [*fields, size])
                     if row is not None:
                         found.append(row)
-        except _TRANSIENT as exc:
-            raise BackendError(
-                f"{operation}: Redis did not answer ({first_line(exc)})", transient=True
-            ) from exc
-        except redis_errors.RedisError as exc:
-            raise BackendError(f"{operation}: Redis error: {first_line(exc)}") from exc
+        except _FAILURES as exc:
+            raise backend_error(exc, operation) from exc
         return found
 
     def sweep(self, retention: float, include_expired: bool) -> int:
         keep_for = non_negative_seconds(retention, "retention")
         expired_too = check_flag(include_expired, "include_expired")
         rows = self._rows("sweep")
-        now = self._server_ms("sweep")
-        cutoff = now - milliseconds(keep_for) if keep_for else now
+        now = self._server_ms("sweep")  # a first guess: each script reads its own clock
+        retention_ms = milliseconds(keep_for) if keep_for > 0 else 0
         deleted = 0
         for row in rows:
-            if not row.sweepable(now, cutoff, expired_too):
+            if not row.sweepable(now, now - retention_ms + 1, expired_too):
                 continue
-            reply = self._client_sweep(row, cutoff, expired_too)
+            reply = self._call(
+                "sweep",
+                self._sweep,
+                self._key(row.work_id),
+                [str(row.token), str(retention_ms), "1" if expired_too else "0"],
+                expect_list=False,
+            )
             deleted += int(reply == 1)
         return deleted
-
-    def _client_sweep(self, row: Row, cutoff: int, include_expired: bool) -> object:
-        try:
-            return self._sweep(
-                keys=[self._key(row.work_id)],
-                args=[str(row.token), str(cutoff), "1" if include_expired else "0"],
-            )
-        except _TRANSIENT as exc:
-            raise BackendError(
-                f"sweep: Redis did not answer ({first_line(exc)})", transient=True
-            ) from exc
-        except redis_errors.RedisError as exc:
-            raise BackendError(f"sweep: Redis error: {first_line(exc)}") from exc
 
     def rows(self) -> list[dict[str, Any]]:
         """Every work ID under the prefix, as a plain dict per work ID (for tools and the
