@@ -468,22 +468,28 @@ def server() -> Iterator[str]:
 
 
 @contextlib.contextmanager
-def fresh_database(server_dsn: str) -> Iterator[str]:
-    """Create a database for this run with the worklease schema; drop it afterwards."""
-    name = f"worklease_test_{os.getpid()}_{uuid.uuid4().hex[:8]}"
+def empty_database(server_dsn: str, label: str = "test") -> Iterator[str]:
+    """Create an empty database for this run (no worklease schema); drop it afterwards."""
+    name = f"worklease_{label}_{os.getpid()}_{uuid.uuid4().hex[:8]}"
     with psycopg.connect(server_dsn, autocommit=True) as conn:
         conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
-    dsn = make_conninfo(server_dsn, dbname=name)
     try:
-        with psycopg.connect(dsn, autocommit=True) as conn:
-            for statement in schema_statements():
-                conn.execute(statement.encode())
-        yield dsn
+        yield make_conninfo(server_dsn, dbname=name)
     finally:
         with psycopg.connect(server_dsn, autocommit=True) as conn:
             conn.execute(
                 sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
             )
+
+
+@contextlib.contextmanager
+def fresh_database(server_dsn: str) -> Iterator[str]:
+    """Create a database for this run with the worklease schema; drop it afterwards."""
+    with empty_database(server_dsn) as dsn:
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            for statement in schema_statements():
+                conn.execute(statement.encode())
+        yield dsn
 
 
 def address(dsn: str) -> tuple[str, int]:

@@ -6,7 +6,6 @@ own."""
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import signal
@@ -14,15 +13,12 @@ import subprocess
 import sys
 import threading
 import time
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import psycopg
 import pytest
-from psycopg import sql
-from psycopg.conninfo import make_conninfo
 
 from tests import pg
 
@@ -39,20 +35,6 @@ WORKERS = {
 }
 
 pytestmark = pytest.mark.postgres
-
-
-@contextlib.contextmanager
-def empty_database(server_dsn: str) -> Iterator[str]:
-    name = f"worklease_django_{os.getpid()}_{uuid.uuid4().hex[:8]}"
-    with psycopg.connect(server_dsn, autocommit=True) as conn:
-        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
-    try:
-        yield make_conninfo(server_dsn, dbname=name)
-    finally:
-        with psycopg.connect(server_dsn, autocommit=True) as conn:
-            conn.execute(
-                sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
-            )
 
 
 def environment(dsn: str, **extra: str) -> dict[str, str]:
@@ -139,7 +121,7 @@ class Running:
 @pytest.fixture
 def database(postgres_server: str) -> Iterator[str]:
     """A database migrated by ``manage.py migrate``, with a table the workers write to."""
-    with empty_database(postgres_server) as dsn:
+    with pg.empty_database(postgres_server, "django") as dsn:
         result = django(dsn, "migrate", "--no-input")
         assert result.returncode == 0, result.stderr
         pg.execute(dsn, "CREATE TABLE steps_done (work_id text, step int, holder text)")
@@ -147,7 +129,7 @@ def database(postgres_server: str) -> Iterator[str]:
 
 
 def test_migrate_creates_the_schema_at_the_current_version(postgres_server: str) -> None:
-    with empty_database(postgres_server) as dsn:
+    with pg.empty_database(postgres_server, "django") as dsn:
         result = django(dsn, "migrate", "--no-input")
         assert result.returncode == 0, result.stderr
         assert "Applying worklease.0001_schema... OK" in result.stdout
@@ -164,7 +146,7 @@ def test_migrate_creates_the_schema_at_the_current_version(postgres_server: str)
 
 
 def test_migrate_upgrades_a_first_release_table_and_keeps_its_rows(postgres_server: str) -> None:
-    with empty_database(postgres_server) as dsn:
+    with pg.empty_database(postgres_server, "django") as dsn:
         with psycopg.connect(dsn, autocommit=True) as conn:
             conn.execute(V1_SCHEMA.read_text(encoding="utf-8").encode())
             conn.execute(
@@ -184,7 +166,7 @@ def test_migrate_upgrades_a_first_release_table_and_keeps_its_rows(postgres_serv
 
 
 def test_migrate_honours_the_schema_setting(postgres_server: str) -> None:
-    with empty_database(postgres_server) as dsn:
+    with pg.empty_database(postgres_server, "django") as dsn:
         setting = json.dumps({"SCHEMA": "leases", "WORKERS": WORKERS})
         result = django(dsn, "migrate", "--no-input", WL_TEST_WORKLEASE=setting)
         assert result.returncode == 0, result.stderr
@@ -203,7 +185,7 @@ def test_the_system_checks_read_the_schema_and_with_deploy_the_deployment(
     assert "worklease.E001" not in deploy.stderr
     # this server has no standby: worklease check warns, as the CLI does
     assert "worklease.W001) worklease check on database 'default': replication:" in deploy.stderr
-    with empty_database(postgres_server) as dsn:  # never migrated: no table
+    with pg.empty_database(postgres_server, "django") as dsn:  # never migrated: no table
         # A warning, not an error: `migrate` runs the database checks before it migrates.
         missing = django(dsn, "check", "--database", "default")
         assert missing.returncode == 0, missing.stderr

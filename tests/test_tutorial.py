@@ -22,13 +22,11 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
-import psycopg
 import pytest
-from psycopg import sql
-from psycopg.conninfo import make_conninfo
+
+from tests import pg
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGE = ROOT / "docs" / "guide" / "tutorial.md"
@@ -122,20 +120,6 @@ class Shell:
             self.proc.stdout.close()
 
 
-@contextlib.contextmanager
-def empty_database(server_dsn: str) -> Iterator[str]:
-    name = f"worklease_tutorial_{os.getpid()}_{uuid.uuid4().hex[:8]}"
-    with psycopg.connect(server_dsn, autocommit=True) as conn:
-        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
-    try:
-        yield make_conninfo(server_dsn, dbname=name)
-    finally:
-        with psycopg.connect(server_dsn, autocommit=True) as conn:
-            conn.execute(
-                sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
-            )
-
-
 def _stop_workers(cwd: Path) -> None:
     for pid_file in cwd.glob("*.pid"):
         with contextlib.suppress(ValueError, ProcessLookupError):
@@ -154,7 +138,7 @@ def test_the_page_has_steps_to_run() -> None:
 def test_the_tutorial_runs_as_written(postgres_server: str, tmp_path: Path) -> None:
     (tmp_path / "examples").symlink_to(ROOT / "examples")
     bin_dir = str(Path(sys.executable).parent)
-    with empty_database(postgres_server) as dsn:
+    with pg.empty_database(postgres_server, "tutorial") as dsn:
         env = {**os.environ, "DSN": dsn, "PATH": bin_dir + os.pathsep + os.environ["PATH"]}
         shell = Shell(tmp_path, env)
         try:
