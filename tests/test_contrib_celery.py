@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -186,7 +187,12 @@ def test_a_refused_run_is_retried_once_the_holder_is_done(
     other.checkpoint(token, b"half")
     with start_worker(app, pool="threads", concurrency=1, perform_ping_check=False):
         result = sync.delay(tenant)
-        pg.execute(postgres_dsn, "SELECT pg_sleep(1)")  # a few refused attempts meanwhile
+        # Until the worker has refused a run at least once (Celery records the retry), on a
+        # loaded machine however long that takes; then the holder lets go.
+        deadline = time.monotonic() + 60
+        while result.state != "RETRY":
+            assert time.monotonic() < deadline, f"no refused run within 60 s ({result.state})"
+            time.sleep(0.02)
         other.release(token, ExitMode.ABANDONED)
         retries = result.get(timeout=60)
     assert retries >= 1
