@@ -65,6 +65,22 @@ def redis_server() -> Iterator[redis_servers.RedisServer]:
 
 
 @pytest.fixture(scope="session")
+def redis_cluster() -> Iterator[redis_servers.RedisCluster]:
+    """A private Redis Cluster of 3 masters on loopback ports, for this run."""
+    try:
+        cluster = redis_servers.start_cluster(3)
+    except redis_servers.Unavailable as exc:
+        reason = f"Redis Cluster unavailable, Redis Cluster tests skipped: {exc}"
+        if _IN_CI:
+            pytest.fail(f"CI=true: {reason}", pytrace=False)
+        pytest.skip(reason)
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+@pytest.fixture(scope="session")
 def postgres_dsn(postgres_server: str) -> Iterator[str]:
     """The DSN of this run's own database, with the worklease schema applied."""
     with pg.fresh_database(postgres_server) as dsn:

@@ -5,12 +5,14 @@ a temporary directory, stopped at the end. A Redis that may answer on 6379 is ne
 from __future__ import annotations
 
 import os
+import random
 import shutil
 import socket
 import subprocess
 import tempfile
 import time
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 
 
@@ -31,6 +33,26 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def _is_free(port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def _cluster_port() -> int:
+    """A free port whose cluster bus port (port + 10000) is free too, both below the kernel's
+    ephemeral range (where an outgoing connection could take one meanwhile): Cluster ports
+    must be at most 55535."""
+    for _ in range(200):
+        port = random.randrange(12000, 22000)
+        if _is_free(port) and _is_free(port + 10000):
+            return port
+    raise Unavailable("no free port pair for a Redis Cluster node")
 
 
 @dataclass
@@ -54,14 +76,18 @@ class RedisServer:
         shutil.rmtree(self.directory, ignore_errors=True)
 
 
-def start(*extra: str, attempts: int = 3) -> RedisServer:
-    """A standalone server with persistence off (tests that need it pass their own options)."""
+def start(*extra: str, attempts: int = 3, cluster: bool = False) -> RedisServer:
+    """A standalone server with persistence off (tests that need it pass their own options);
+    ``cluster``: a node of a Redis Cluster yet to be formed."""
     binary = find_redis_server()
     if binary is None:
         raise Unavailable("no redis-server binary (apt-get install redis-server)")
     last = ""
     for _ in range(attempts):
-        port = _free_port()
+        port = _cluster_port() if cluster else _free_port()
+        if cluster:
+            extra = (*extra, "--cluster-enabled", "yes", "--cluster-node-timeout", "2000",
+                     "--cluster-config-file", "nodes.conf")  # fmt: skip
         directory = Path(tempfile.mkdtemp(prefix="worklease-redis-"))
         log = directory / "redis.log"
         with log.open("wb") as output:  # the child keeps its own copy of the descriptor
@@ -84,3 +110,93 @@ def start(*extra: str, attempts: int = 3) -> RedisServer:
         last = log.read_text(errors="replace")[-500:] if log.exists() else ""
         server.stop()
     raise Unavailable(f"redis-server did not start: {last.strip()[:500]}")
+
+
+def command(port: int, *args: str, timeout: float = 10) -> str:
+    """One command through ``redis-cli`` (its reply as text)."""
+    cli = shutil.which("redis-cli") or "/usr/bin/redis-cli"
+    done = subprocess.run(
+        [cli, "-h", "127.0.0.1", "-p", str(port), *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+    return done.stdout.strip()
+
+
+@dataclass
+class RedisCluster:
+    """A private Redis Cluster: ``masters`` masters, each with ``replicas`` replicas."""
+
+    nodes: list[RedisServer] = field(default_factory=list)
+
+    @property
+    def url(self) -> str:
+        return self.nodes[0].url
+
+    @property
+    def ports(self) -> list[int]:
+        return [node.port for node in self.nodes]
+
+    def stop(self) -> None:
+        for node in self.nodes:
+            node.stop()
+
+    def wait_ok(self, ports: Sequence[int] | None = None, timeout: float = 30) -> None:
+        """Until every node (of ``ports``) reports the cluster ``ok`` with every slot served."""
+        deadline = time.monotonic() + timeout
+        pending = list(ports if ports is not None else self.ports)
+        while pending and time.monotonic() < deadline:
+            info = command(pending[0], "cluster", "info")
+            if "cluster_state:ok" in info and "cluster_slots_ok:16384" in info:
+                pending.pop(0)
+            else:
+                time.sleep(0.1)
+        if pending:
+            raise Unavailable(
+                f"the Redis Cluster did not settle: {command(pending[0], 'cluster', 'info')}"
+            )
+
+
+def start_cluster(masters: int = 3, replicas: int = 0, attempts: int = 3) -> RedisCluster:
+    """A Redis Cluster of ``masters`` masters (and ``replicas`` replicas each) on loopback
+    ports, formed with ``redis-cli --cluster create``."""
+    last = ""
+    for _ in range(attempts):
+        cluster = RedisCluster()
+        try:
+            for _ in range(masters * (1 + replicas)):
+                cluster.nodes.append(start(cluster=True))
+            cli = shutil.which("redis-cli") or "/usr/bin/redis-cli"
+            created = subprocess.run(
+                [cli, "--cluster", "create", *(f"127.0.0.1:{p}" for p in cluster.ports),
+                 "--cluster-replicas", str(replicas), "--cluster-yes"],
+                capture_output=True, text=True, timeout=60, check=False,
+            )  # fmt: skip
+            if created.returncode != 0:
+                raise Unavailable(f"redis-cli --cluster create failed: {created.stdout[-400:]}")
+            cluster.wait_ok()
+            if replicas:
+                _wait_replicas(cluster, masters * replicas)
+            return cluster
+        except (Unavailable, OSError, subprocess.SubprocessError) as exc:
+            last = str(exc)
+            cluster.stop()
+    raise Unavailable(f"no Redis Cluster: {last[:500]}")
+
+
+def _wait_replicas(cluster: RedisCluster, expected: int, timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        nodes = command(cluster.ports[0], "cluster", "nodes")
+        linked = sum(1 for line in nodes.splitlines() if " slave " in line and " connected" in line)
+        synced = all(
+            "master_link_status:up" in command(port, "info", "replication")
+            for port in cluster.ports
+            if "role:slave" in command(port, "info", "replication")
+        )
+        if linked >= expected and synced:
+            return
+        time.sleep(0.2)
+    raise Unavailable("the Redis Cluster's replicas did not link up")

@@ -65,16 +65,19 @@ class Scripts:
         reply = self.checkpoint_script(keys=keys, args=[*args, r.milliseconds(ttl), state])
         return r.decode_guarded(token, "checkpoint", reply)
 
-    def release(self, token: Token, mode: ExitMode) -> datetime:
+    def release(self, token: Token, mode: ExitMode, request: str | None = None) -> datetime:
         keys, args = self.guarded(token)
         reply = self.release_script(
-            keys=keys, args=[*args, mode.value, r.RELEASE_CHANNEL, token.work_id]
+            keys=keys,
+            args=[*args, mode.value, r.RELEASE_CHANNEL, keys[0], request or r.request_id()],
         )
         return r.decode_guarded(token, "release", reply)
 
-    def forget(self, token: Token) -> None:
+    def forget(self, token: Token, request: str | None = None) -> None:
         keys, args = self.guarded(token)
-        reply = self.forget_script(keys=keys, args=[*args, r.RELEASE_CHANNEL, token.work_id])
+        reply = self.forget_script(
+            keys=keys, args=[*args, r.RELEASE_CHANNEL, keys[0], request or r.request_id()]
+        )
         r.decode_guarded(token, "forget", [*reply, 0])
 
     def read(self, token: Token) -> Checkpoint:
@@ -213,7 +216,7 @@ def test_a_checkpoint_is_stored_with_its_extension_and_cleared_by_empty_state(
     assert scripts.read(token) == Checkpoint(None, ExitMode.NONE, None)
 
 
-def test_release_and_forget_announce_the_work_id(scripts: Scripts) -> None:
+def test_release_and_forget_announce_the_key(scripts: Scripts) -> None:
     pubsub = scripts.client.pubsub()  # type: ignore[no-untyped-call]
     pubsub.subscribe(r.RELEASE_CHANNEL)
     try:
@@ -228,9 +231,13 @@ def test_release_and_forget_announce_the_work_id(scripts: Scripts) -> None:
             message = pubsub.get_message(timeout=1)
             if message and message["type"] == "message":
                 seen.append(message["data"])
-        assert seen == [b"released", b"forgotten"]
+        assert seen == [scripts.key("released").encode(), scripts.key("forgotten").encode()]
+        assert [r.work_id_of(scripts.prefix, key) for key in seen] == ["released", "forgotten"]
+        assert r.work_id_of("another:", seen[0]) is None
         # only a tombstone with the token is left, for a second
-        assert scripts.client.hgetall(scripts.key("forgotten")) == {
+        tombstone = scripts.client.hgetall(scripts.key("forgotten"))
+        assert tombstone.pop(b"n")  # the forget's request ID
+        assert tombstone == {
             b"t": str(forgotten.fencing_token).encode(),
             b"h": b"w1",
             b"f": b"1",
@@ -266,15 +273,19 @@ def test_a_token_ahead_of_the_clock_is_followed_by_exactly_the_next(scripts: Scr
 
 
 def test_the_same_release_or_forget_sent_again_succeeds(scripts: Scripts) -> None:
-    """A client that retried after sending: the repeat finds its own write and succeeds."""
+    """A client that retried after sending: the repeat (same request ID) finds its own write
+    and succeeds; a second call (another request ID) is refused as on every backend."""
     token = scripts.token("job", "w1")
-    scripts.release(token, ExitMode.FINISHED)
-    scripts.release(token, ExitMode.FINISHED)  # the same release again
-    with pytest.raises(LeaseExpiredError, match=r"released \(finished\)"):
-        scripts.release(token, ExitMode.ABANDONED)  # another release is refused
+    scripts.release(token, ExitMode.FINISHED, request="call-1")
+    scripts.release(token, ExitMode.FINISHED, request="call-1")  # the same call again
+    for mode in (ExitMode.FINISHED, ExitMode.ABANDONED):  # a second release is refused
+        with pytest.raises(LeaseExpiredError, match=r"released \(finished\)"):
+            scripts.release(token, mode, request="call-2")
     again = scripts.token("job", "w2")
-    scripts.forget(again)
-    scripts.forget(again)  # the same forget again
+    scripts.forget(again, request="call-3")
+    scripts.forget(again, request="call-3")  # the same call again
+    with pytest.raises(FencedError):
+        scripts.forget(again, request="call-4")  # a second forget finds no row
     with pytest.raises(FencedError):
         scripts.renew(again)  # a tombstone is no grant
 

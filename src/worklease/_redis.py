@@ -10,7 +10,8 @@ one hash slot on any Cluster. Fields (times in the server's milliseconds):
 - ``c``: the checkpoint (absent: none).
 - ``x``: the exit the holder declared with release (absent while held or lapsed).
 - ``pe`` / ``ph``: how the previous holder left (``none`` for a first grant) and who it was.
-- ``f``: set on a forgotten row's tombstone (only ``t``, ``h`` and ``f``; it expires once the
+- ``n``: the request ID of the release (or forget) that wrote the row last.
+- ``f``: set on a forgotten row's tombstone (only ``t``, ``h``, ``n`` and ``f``; it expires once the
   server clock has passed its token): no row to anyone, but its token is never issued again.
 
 Every script reads the hash, decides and writes in one atomic step, with ``TIME`` as the
@@ -22,6 +23,7 @@ another round trip.
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
@@ -31,9 +33,11 @@ from .errors import BackendError, ConfigError, LeaseHeldError, LeaseLostError
 
 __all__ = [
     "ACQUIRE",
+    "BATCH",
     "CHECKPOINT",
     "DEFAULT_PREFIX",
     "FORGET",
+    "HOLDER",
     "READ",
     "RELEASE",
     "RENEW",
@@ -111,7 +115,7 @@ local token = math.max((tonumber(r[1]) or 0) + 1, now * 1024)
 local expires = now + tonumber(ARGV[2])
 redis.call('HSET', KEYS[1], 't', int(token), 'h', ARGV[1], 'e', int(expires),
   'a', int(now), 'u', int(now), 'pe', prev_exit)
-redis.call('HDEL', KEYS[1], 'x')
+redis.call('HDEL', KEYS[1], 'x', 'n')
 if r[2] then
   redis.call('HSET', KEYS[1], 'ph', r[2])
 else
@@ -155,45 +159,70 @@ backend: the holder's work was not taken over)."""
 RELEASE = (
     _PRELUDE
     + """
-local seen = redis.call('HMGET', KEYS[1], 't', 'h', 'x', 'f')
-if seen[1] == ARGV[1] and seen[2] == ARGV[2] and seen[3] == ARGV[3] and not seen[4] then
-  return {1, now_ms()}  -- this very release, sent again (a client's retry): done already
+local seen = redis.call('HMGET', KEYS[1], 't', 'h', 'n')
+if seen[1] == ARGV[1] and seen[2] == ARGV[2] and seen[3] == ARGV[6] then
+  return {1, now_ms()}  -- this very call, sent again (a client's retry): done already
 end
 """
     + _GUARD
     + """
-redis.call('HSET', KEYS[1], 'x', ARGV[3], 'e', int(now), 'u', int(now))
+redis.call('HSET', KEYS[1], 'x', ARGV[3], 'e', int(now), 'u', int(now), 'n', ARGV[6])
 redis.call('PUBLISH', ARGV[4], ARGV[5])
 return {1, now}
 """
 )
-"""``ARGV``: token, holder ID, exit mode, channel, work ID. Expires the grant now, records
-the exit and announces the work ID. The same release sent again (a client that retried after
-sending) succeeds without writing: the first one did."""
+"""``ARGV``: token, holder ID, exit mode, channel, key, request ID. Expires the grant now,
+records the exit and announces the key. The same call sent again (same request ID: a client
+that retried after sending) succeeds without writing; any other release of the token is
+refused (expired), as on every backend."""
 
 FORGET = (
     _PRELUDE
     + """
-local r = redis.call('HMGET', KEYS[1], 't', 'h', 'f')
+local r = redis.call('HMGET', KEYS[1], 't', 'h', 'f', 'n')
 if r[1] ~= ARGV[1] or r[2] ~= ARGV[2] then
   return {-1}
 end
 if r[3] then
-  return {1}  -- this very forget, sent again (a client's retry): done already
+  if r[4] == ARGV[5] then
+    return {1}  -- this very call, sent again (a client's retry): done already
+  end
+  return {-1}  -- forgotten already: no row
 end
 -- Kept until the server clock passed the token (it may run ahead of the clock), at least 1 s.
 local hold_ms = math.max(1000, math.floor(tonumber(ARGV[1]) / 1024) - now_ms() + 1000)
 redis.call('DEL', KEYS[1])
-redis.call('HSET', KEYS[1], 't', ARGV[1], 'h', ARGV[2], 'f', '1')
+redis.call('HSET', KEYS[1], 't', ARGV[1], 'h', ARGV[2], 'f', '1', 'n', ARGV[5])
 redis.call('PEXPIRE', KEYS[1], hold_ms)
 redis.call('PUBLISH', ARGV[3], ARGV[4])
 return {1}
 """
 )
-"""``ARGV``: token, holder ID, channel, work ID. Deletes the row of the current grant,
-leaving a tombstone (``f``) with its token and holder until the server clock has passed the
-token, at least one second: an acquire meanwhile still issues a greater token (afterwards the
-clock alone does), and the same forget sent again succeeds."""
+"""``ARGV``: token, holder ID, channel, key, request ID. Deletes the row of the current
+grant, leaving a tombstone (``f``) with its token and holder until the server clock has
+passed the token, at least one second: an acquire meanwhile still issues a greater token
+(afterwards the clock alone does). The same call sent again (same request ID) succeeds; a
+second forget finds no row (fenced)."""
+
+HOLDER = (
+    _PRELUDE
+    + """
+local r = redis.call('HMGET', KEYS[1], 'h', 'e', 'x', 'f')
+if not r[1] or r[3] or r[4] or tonumber(r[2]) <= now_ms() then
+  return 0
+end
+if ARGV[1] == '1' then
+  return {r[1], redis.call('HGET', KEYS[1], 'c') or false}
+end
+return {r[1]}
+"""
+)
+"""``ARGV``: ``'1'`` to return the checkpoint too. Who holds the work ID now, by the
+server's clock: ``0`` when an acquire would grant it, else ``{holder}`` (``{holder,
+checkpoint}``). Writes nothing (``find_available``, ``survey``)."""
+
+BATCH = 256
+"""Scripts per pipeline of a batch operation: one round trip per node for each."""
 
 READ = """
 local r = redis.call('HMGET', KEYS[1], 't', 'c', 'pe', 'ph', 'f')
@@ -203,6 +232,12 @@ end
 return {1, r[2] or false, r[3], r[4] or false}
 """
 """``ARGV``: token. ``{1, checkpoint, previous exit, previous holder}`` or fenced."""
+
+
+def request_id() -> str:
+    """A fresh ID for one release or forget call: the script tells the same call sent
+    again (a client's retry after sending) from a second call."""
+    return os.urandom(8).hex()
 
 
 def check_prefix(prefix: object) -> str:
@@ -286,6 +321,34 @@ def refusal(token: Token, operation: str, reply: list[object]) -> LeaseLostError
     if code == LAPSED:
         return lease_expired(token, operation, "the lease expired")
     raise BackendError(f"{operation}: unexpected reply from the server: {reply!r}")
+
+
+def outcome(token: Token, operation: str, reply: object) -> LeaseLostError | None:
+    """A guarded write's reply in a batch: ``None`` when it was written, else the loss the
+    single operation would raise (returned, one per item)."""
+    if not isinstance(reply, list) or not reply:
+        raise BackendError(f"{operation}: unexpected reply from the server: {reply!r}")
+    if reply[0] == OK:
+        return None
+    return refusal(token, operation, reply)
+
+
+def decode_holder(reply: object) -> tuple[str, bytes | None] | None:
+    """``HOLDER``'s reply: ``(holder, checkpoint)`` while held, ``None`` when free."""
+    if reply == 0:
+        return None
+    if not isinstance(reply, list) or not reply:
+        raise BackendError(f"unexpected reply from the server: {reply!r}")
+    return _text(reply[0]) or "", _bytes(reply[1]) if len(reply) > 1 else None
+
+
+def work_id_of(prefix: str, message: object) -> str | None:
+    """The work ID a release announcement names, ``None`` when it is another prefix's (the
+    channel is shared by every prefix on the server; the message is the row's key)."""
+    key = _text(message) if isinstance(message, bytes | str) else None
+    if key is None or not key.startswith(prefix):
+        return None
+    return key[len(prefix) :]
 
 
 def decode_read(token: Token, reply: list[object]) -> Checkpoint:

@@ -19,6 +19,7 @@ from worklease import (
     AsyncLease,
     AsyncMemoryBackend,
     AsyncPostgresBackend,
+    AsyncRedisBackend,
     BackendError,
     Checkpoint,
     ExitMode,
@@ -211,12 +212,12 @@ async def spin(renewal: _Lossy, seconds: float = 5.0, step: float = 0.01) -> Non
 
 
 async def settle_listener(backend: object) -> None:
-    """Let a PostgreSQL backend's release listener start listening.
+    """Let a PostgreSQL backend's release listener (an etcd or Redis backend's watch) start.
 
     Once listening it wakes every watch once (a release may have gone unseen before); a test
     that times an idle wait starts after that, so the wake-up cannot cut its wait short.
     """
-    if isinstance(backend, AsyncEtcdBackend):
+    if isinstance(backend, AsyncEtcdBackend | AsyncRedisBackend):
         with backend.watch_releases(["worklease-test-settle"]) or contextlib.nullcontext():
             deadline = monotonic() + 10.0
             while not backend.watching and monotonic() < deadline:

@@ -18,13 +18,16 @@ from worklease import (
     AsyncLease,
     AsyncMemoryBackend,
     AsyncPostgresBackend,
+    AsyncRedisBackend,
     BackendError,
     ExitMode,
 )
 
 
 async def test_every_operation_of_a_closed_backend_is_refused(backend: AsyncBackend) -> None:
-    assert isinstance(backend, AsyncMemoryBackend | AsyncPostgresBackend | AsyncEtcdBackend)
+    assert isinstance(
+        backend, AsyncMemoryBackend | AsyncPostgresBackend | AsyncEtcdBackend | AsyncRedisBackend
+    )
     lease = AsyncLease(backend, holder_id="h", ttl=30)
     token = await lease.acquire("w1")
     await backend.close()
@@ -40,6 +43,13 @@ async def test_every_operation_of_a_closed_backend_is_refused(backend: AsyncBack
         ("lease.acquire", lambda: lease.acquire("w3")),
         ("lease.checkpoint", lambda: lease.checkpoint(token, b"x")),
     ]
+    # the batch operations, where offered
+    if callable(acquire_many := getattr(backend, "acquire_many", None)):
+        calls.append(("acquire_many", lambda: acquire_many(["w4"], "h", 30.0)))
+    if callable(find_available := getattr(backend, "find_available", None)):
+        calls.append(("find_available", lambda: find_available(["w4"])))
+    if callable(renew_many := getattr(backend, "renew_many", None)):
+        calls.append(("renew_many", lambda: renew_many([token], 30.0)))
     for name, call in calls:
         with pytest.raises(BackendError) as caught:
             await call()
@@ -48,3 +58,5 @@ async def test_every_operation_of_a_closed_backend_is_refused(backend: AsyncBack
     assert backend.watch_releases(["w1"]) is None
     if isinstance(backend, AsyncPostgresBackend):
         assert not backend.pool.closed  # the caller's pool is the caller's
+    if isinstance(backend, AsyncRedisBackend):
+        assert await backend._client.ping()  # the caller's client is the caller's

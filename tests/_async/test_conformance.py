@@ -11,6 +11,7 @@ from worklease._async.backend import AsyncCapabilities
 from worklease.conformance import AsyncBackendConformance
 
 
+@pytest.mark.not_on("redis", "redis-cluster")  # tests/_async/test_redis.py, with its flag
 class TestBackendConformance(AsyncBackendConformance):
     """Every conformance case; the ``backend`` fixture comes from the conftest."""
 

@@ -32,7 +32,7 @@ from worklease import (
 from .conftest import BACKENDS
 
 # etcd has no transactional steps (no rows of the user's live beside its keys)
-pytestmark = pytest.mark.not_on("etcd")
+pytestmark = pytest.mark.not_on("etcd", "redis", "redis-cluster")
 
 EFFECTS = "worklease_test_effects"
 

@@ -5,14 +5,28 @@
 
 from __future__ import annotations
 
+import os
 import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager
 
 import pytest
 from psycopg_pool import ConnectionPool
 
 from tests import pg
-from worklease import Backend, EtcdBackend, MemoryBackend, PostgresBackend
+from worklease import (
+    Backend,
+    EtcdBackend,
+    MemoryBackend,
+    PostgresBackend,
+    RedisBackend,
+)
+from worklease._sredis import ClusterClient, RedisClient
+
+REDIS_CLUSTER_MATRIX = os.environ.get("WORKLEASE_TEST_REDIS_CLUSTER", "") == "matrix"
+"""Whether every backend-parametrized test runs on a Redis Cluster too (``nox -s redis``);
+otherwise the Cluster runs the conformance suite and its own cases (tests/_async/test_redis.py)
+and the rest of the matrix runs on standalone Redis, to keep CI's time."""
 
 BACKENDS = [
     pytest.param("memory", id="memory"),
@@ -21,6 +35,12 @@ BACKENDS = [
     # (the release listener finds it cannot work there and waits poll)
     pytest.param("pgbouncer", id="pgbouncer", marks=[pytest.mark.postgres, pytest.mark.pgbouncer]),
     pytest.param("etcd", id="etcd", marks=pytest.mark.etcd),
+    pytest.param("redis", id="redis", marks=pytest.mark.redis),
+    *(
+        [pytest.param("redis-cluster", id="redis-cluster", marks=pytest.mark.redis)]
+        if REDIS_CLUSTER_MATRIX
+        else []
+    ),
 ]
 """The backends the conformance suite runs against (one fresh, empty instance per test)."""
 
@@ -63,6 +83,10 @@ def backend(request: pytest.FixtureRequest) -> Iterator[Backend]:
         with EtcdBackend(cluster.endpoints, prefix=prefix) as backend:
             yield backend
         return
+    if kind in ("redis", "redis-cluster"):
+        with redis_backend(request, cluster=kind == "redis-cluster") as backend:
+            yield backend
+        return
     if kind == "pgbouncer":
         direct: str = request.getfixturevalue("postgres_dsn")
         routed: str = request.getfixturevalue("pgbouncer_dsn")
@@ -84,3 +108,19 @@ def backend(request: pytest.FixtureRequest) -> Iterator[Backend]:
             yield postgres
         return
     raise ValueError("unknown backend kind: " + repr(kind))
+
+
+@contextmanager
+def redis_backend(request: pytest.FixtureRequest, *, cluster: bool) -> Iterator[RedisBackend]:
+    """A Redis backend under a fresh prefix on this run's standalone server or Cluster, its
+    client closed afterwards."""
+    client: RedisClient | ClusterClient
+    if cluster:
+        client = ClusterClient.from_url(request.getfixturevalue("redis_cluster").url)
+    else:
+        client = RedisClient.from_url(request.getfixturevalue("redis_server").url)
+    try:
+        with RedisBackend(client, prefix=f"test-{uuid.uuid4().hex[:12]}:") as backend:
+            yield backend
+    finally:
+        client.close()

@@ -23,11 +23,12 @@ from worklease import (
     Lease,
     MemoryBackend,
     PostgresBackend,
+    RedisBackend,
 )
 
 
 def test_every_operation_of_a_closed_backend_is_refused(backend: Backend) -> None:
-    assert isinstance(backend, MemoryBackend | PostgresBackend | EtcdBackend)
+    assert isinstance(backend, MemoryBackend | PostgresBackend | EtcdBackend | RedisBackend)
     lease = Lease(backend, holder_id="h", ttl=30)
     token = lease.acquire("w1")
     backend.close()
@@ -43,6 +44,13 @@ def test_every_operation_of_a_closed_backend_is_refused(backend: Backend) -> Non
         ("lease.acquire", lambda: lease.acquire("w3")),
         ("lease.checkpoint", lambda: lease.checkpoint(token, b"x")),
     ]
+    # the batch operations, where offered
+    if callable(acquire_many := getattr(backend, "acquire_many", None)):
+        calls.append(("acquire_many", lambda: acquire_many(["w4"], "h", 30.0)))
+    if callable(find_available := getattr(backend, "find_available", None)):
+        calls.append(("find_available", lambda: find_available(["w4"])))
+    if callable(renew_many := getattr(backend, "renew_many", None)):
+        calls.append(("renew_many", lambda: renew_many([token], 30.0)))
     for name, call in calls:
         with pytest.raises(BackendError) as caught:
             call()
@@ -51,3 +59,5 @@ def test_every_operation_of_a_closed_backend_is_refused(backend: Backend) -> Non
     assert backend.watch_releases(["w1"]) is None
     if isinstance(backend, PostgresBackend):
         assert not backend.pool.closed  # the caller's pool is the caller's
+    if isinstance(backend, RedisBackend):
+        assert backend._client.ping()  # the caller's client is the caller's

@@ -14,6 +14,7 @@ from worklease._sync.backend import Capabilities
 from worklease.conformance import BackendConformance
 
 
+@pytest.mark.not_on("redis", "redis-cluster")  # tests/_async/test_redis.py, with its flag
 class TestBackendConformance(BackendConformance):
     """Every conformance case; the ``backend`` fixture comes from the conftest."""
 

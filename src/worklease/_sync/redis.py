@@ -6,16 +6,22 @@ in ``worklease._redis``; this module sends the scripts and waits."""
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Iterable, Sequence
 from types import TracebackType
 from typing import Any
 
+from .._compat import Event, Worker, cancel_worker, join_all, spawn
 from .._failures import closed, first_line
+from .._fairshare import PoolSurvey
 from .._models import Checkpoint, ExitMode, Token
 from .._redis import (
     ACQUIRE,
+    BATCH,
     CHECKPOINT,
     DEFAULT_PREFIX,
     FORGET,
+    HOLDER,
     READ,
     RELEASE,
     RELEASE_CHANNEL,
@@ -28,11 +34,15 @@ from .._redis import (
     check_prefix,
     decode_grant,
     decode_guarded,
+    decode_holder,
     decode_read,
     decode_row,
     key_of,
     milliseconds,
+    outcome,
+    request_id,
     scan_pattern,
+    work_id_of,
 )
 from .._sredis import ClusterClient, RedisClient, redis_errors
 from .._validation import (
@@ -40,13 +50,21 @@ from .._validation import (
     check_exit_mode,
     check_flag,
     check_work_id,
+    distinct_work_ids,
     non_negative_seconds,
     normalize_state,
 )
-from ..errors import BackendError, ConfigError, LeaseHeldError
+from .._window import Backoff
+from ..errors import BackendError, ConfigError, LeaseHeldError, LeaseLostError
 from .backend import StateLike
+from .watch import ReleaseHub, ReleaseWatch
 
 __all__ = ["RedisBackend"]
+
+logger = logging.getLogger("worklease")
+
+_WATCH_TICK = 0.25
+"""How long the release watch waits for a message before it looks whether it should stop."""
 
 _PERMANENT = (redis_errors.AuthenticationError, redis_errors.AuthorizationError)
 """Connection errors that no retry mends: wrong credentials, a missing permission."""
@@ -76,6 +94,12 @@ def backend_error(exc: BaseException, operation: str) -> BackendError:
 _FAILURES = (redis_errors.RedisError, redis_errors.RedisClusterException)
 
 
+def _no_script(answer: object) -> bool:
+    return isinstance(answer, redis_errors.NoScriptError) or (
+        isinstance(answer, redis_errors.ResponseError) and str(answer).startswith("NOSCRIPT")
+    )
+
+
 class RedisBackend:
     """Lease rows in Redis 7 (or Valkey), one hash per work ID (ADR-0020).
 
@@ -86,10 +110,10 @@ class RedisBackend:
     another: ``q:`` would also read ``q:tenant:``'s rows).
 
     A client that retries a command after sending it (redis-py's ``Retry``) may send a write
-    twice: a repeated release or forget succeeds, a repeated checkpoint or renew writes the
-    same again, but a repeated acquire finds the lease held, by this very holder, until its
-    TTL: give the client no retries on ``TimeoutError`` if that matters (the lease layer
-    retries renewals itself).
+    twice: a repeated release or forget succeeds (each call carries its own request ID), a
+    repeated checkpoint or renew writes the same again, but a repeated acquire finds the
+    lease held, by this very holder, until its TTL: give the client no retries on
+    ``TimeoutError`` if that matters (the lease layer retries renewals itself).
 
     Every operation is one server-side script on one key: the token, holder, exit and expiry
     are checked and written in one atomic step, with the server's ``TIME`` as the clock, so
@@ -120,11 +144,21 @@ class RedisBackend:
         self._forget = client.register_script(FORGET)
         self._read = client.register_script(READ)
         self._sweep = client.register_script(SWEEP)
+        self._holder = client.register_script(HOLDER)
         self._closed = False
+        self._hub = ReleaseHub()
+        self._watch_stop = Event()
+        self._watcher: Worker | None = None
+        self._watch_up = False
 
     @property
     def prefix(self) -> str:
         return self._prefix
+
+    @property
+    def watching(self) -> bool:
+        """Whether the release watch has subscribed (releases then wake waiters at once)."""
+        return self._watch_up
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} prefix={self._prefix!r}>"
@@ -143,6 +177,43 @@ class RedisBackend:
         if expect_list and not isinstance(reply, list):
             raise BackendError(f"{operation}: unexpected reply from the server: {reply!r}")
         return reply
+
+    def _call_many(
+        self, operation: str, script: Any, calls: Sequence[tuple[str | bytes, list[Any]]]
+    ) -> list[Any]:
+        """One script per ``(key, args)``, pipelined ``BATCH`` at a time (on a Cluster the
+        pipeline sends each node its own keys; every script still touches one key): the
+        replies in order. A script the server lost (``NOSCRIPT``, after a restart or
+        ``SCRIPT FLUSH``) is loaded again and only the calls it refused are sent again."""
+        if self._closed:
+            raise closed(operation)
+        replies: list[Any] = []
+        try:
+            for start in range(0, len(calls), BATCH):
+                part = calls[start : start + BATCH]
+                answers = self._pipeline(script, part)
+                missing = [i for i, a in enumerate(answers) if _no_script(a)]
+                if missing:
+                    self._client.script_load(script.script)
+                    again = self._pipeline(script, [part[i] for i in missing])
+                    for i, answer in zip(missing, again, strict=True):
+                        answers[i] = answer
+                for answer in answers:
+                    if isinstance(answer, Exception):
+                        raise answer
+                replies.extend(answers)
+        except _FAILURES as exc:
+            raise backend_error(exc, operation) from exc
+        return replies
+
+    def _pipeline(self, script: Any, calls: Sequence[tuple[str | bytes, list[Any]]]) -> list[Any]:
+        pipe = self._client.pipeline(transaction=False)
+        for key, args in calls:
+            # EVALSHA by name: a Cluster pipeline blocks the evalsha method (scripts may miss
+            # on a node), not the command; each call names its one key, so it is routed to
+            # its slot's master, and NOSCRIPT is answered above.
+            pipe.execute_command("EVALSHA", script.sha, 1, key, *args)
+        return list(pipe.execute(raise_on_error=False))
 
     def _key(self, work_id: str) -> str:
         return key_of(self._prefix, work_id)
@@ -171,6 +242,61 @@ class RedisBackend:
             raise outcome
         return self._token(work_id, holder_id, outcome), outcome.prior
 
+    def acquire_many(
+        self, work_ids: Sequence[str], holder_id: str, ttl: float
+    ) -> list[tuple[Token, Checkpoint]]:
+        """Acquire every free work ID of ``work_ids``, pipelined (optional method): work IDs
+        somebody holds are left out, grants come in input order, each with the checkpoint
+        its previous holder left."""
+        ids = distinct_work_ids(work_ids)
+        seconds = backend_ttl(ttl)
+        if self._closed:
+            raise closed("acquire_many")
+        calls = [(self._key(work_id), [holder_id, milliseconds(seconds)]) for work_id in ids]
+        replies = self._call_many("acquire_many", self._acquire, calls)
+        grants: list[tuple[Token, Checkpoint]] = []
+        for work_id, reply in zip(ids, replies, strict=True):
+            granted = decode_grant(work_id, reply)
+            if not isinstance(granted, LeaseHeldError):
+                grants.append((self._token(work_id, holder_id, granted), granted.prior))
+        return grants
+
+    def find_available(self, work_ids: Sequence[str]) -> list[str]:
+        """The work IDs ``acquire`` would grant now by the server's clock, in input order
+        (optional method); writes nothing."""
+        ids = distinct_work_ids(work_ids)
+        holders = self._holders(ids, "find_available", with_checkpoint=False)
+        return [work_id for work_id, found in zip(ids, holders, strict=True) if found is None]
+
+    def _holders(
+        self, ids: Sequence[str], operation: str, *, with_checkpoint: bool
+    ) -> list[tuple[str, bytes | None] | None]:
+        flag = "1" if with_checkpoint else "0"
+        calls = [(self._key(work_id), [flag]) for work_id in ids]
+        return [decode_holder(reply) for reply in self._call_many(operation, self._holder, calls)]
+
+    def survey(self, work_ids: Sequence[str], prefix: str) -> PoolSurvey:
+        """Who holds which of ``work_ids``, and the held leases whose work IDs start with
+        ``prefix`` with their checkpoints (optional method); writes nothing. Each work ID is
+        read at its own instant (a pool surveys again at its next scan)."""
+        ids = distinct_work_ids(work_ids)
+        if not isinstance(prefix, str):
+            raise TypeError(f"prefix must be a str, not {type(prefix).__name__}")
+        holders = self._holders(ids, "survey", with_checkpoint=False)
+        counts: dict[str, int] = {}
+        for found in holders:
+            if found is not None:
+                counts[found[0]] = counts.get(found[0], 0) + 1
+        group = self._keys_under(self._prefix + prefix, "survey")
+        members: dict[str, bytes | None] = {}
+        calls = [(key, ["1"]) for key in group]
+        for reply in self._call_many("survey", self._holder, calls):
+            found = decode_holder(reply)
+            if found is not None:
+                members[found[0]] = found[1]
+        free = tuple(work_id for work_id, found in zip(ids, holders, strict=True) if found is None)
+        return PoolSurvey(free, counts, members)
+
     @staticmethod
     def _token(work_id: str, holder_id: str, grant: Grant) -> Token:
         return Token(work_id, holder_id, grant.fencing_token, grant.expires_at)
@@ -188,6 +314,34 @@ class RedisBackend:
         reply = self._call("checkpoint", self._checkpoint, self._key(token.work_id), args)
         decode_guarded(token, "checkpoint", reply)
 
+    def checkpoint_many(
+        self, items: Sequence[tuple[Token, StateLike | None]], ttl: float
+    ) -> list[LeaseLostError | None]:
+        """Checkpoint every ``(token, state)``, pipelined (optional method): one outcome per
+        item, ``None`` when written, else what ``checkpoint`` would raise."""
+        distinct_work_ids([token.work_id for token, _ in items])
+        states = [normalize_state(state) for _, state in items]
+        seconds = milliseconds(backend_ttl(ttl))
+        calls = [
+            (self._key(token.work_id), [*self._guard(token), seconds, data or b""])
+            for (token, _), data in zip(items, states, strict=True)
+        ]
+        replies = self._call_many("checkpoint", self._checkpoint, calls)
+        return [
+            outcome(token, "checkpoint", reply)
+            for (token, _), reply in zip(items, replies, strict=True)
+        ]
+
+    def renew_many(self, tokens: Sequence[Token], ttl: float) -> list[LeaseLostError | None]:
+        """Renew every token, pipelined (optional method): one outcome per token."""
+        distinct_work_ids([token.work_id for token in tokens])
+        seconds = milliseconds(backend_ttl(ttl))
+        calls = [(self._key(token.work_id), [*self._guard(token), seconds]) for token in tokens]
+        replies = self._call_many("renew", self._renew, calls)
+        return [
+            outcome(token, "renew", reply) for token, reply in zip(tokens, replies, strict=True)
+        ]
+
     def renew(self, token: Token, ttl: float) -> None:
         seconds = backend_ttl(ttl)
         args = [*self._guard(token), milliseconds(seconds)]
@@ -196,13 +350,31 @@ class RedisBackend:
 
     def release(self, token: Token, mode: ExitMode) -> None:
         declared = check_exit_mode(mode)
-        args = [*self._guard(token), declared.value, RELEASE_CHANNEL, token.work_id]
-        reply = self._call("release", self._release, self._key(token.work_id), args)
+        key = self._key(token.work_id)
+        args = [*self._guard(token), declared.value, RELEASE_CHANNEL, key, request_id()]
+        reply = self._call("release", self._release, key, args)
         decode_guarded(token, "release", reply)
 
+    def release_many(self, tokens: Sequence[Token], mode: ExitMode) -> list[LeaseLostError | None]:
+        """Release every token with ``mode``, pipelined (optional method): one outcome per
+        token."""
+        declared = check_exit_mode(mode)
+        distinct_work_ids([token.work_id for token in tokens])
+        calls = []
+        for token in tokens:
+            key = self._key(token.work_id)
+            calls.append(
+                (key, [*self._guard(token), declared.value, RELEASE_CHANNEL, key, request_id()])
+            )
+        replies = self._call_many("release", self._release, calls)
+        return [
+            outcome(token, "release", reply) for token, reply in zip(tokens, replies, strict=True)
+        ]
+
     def forget(self, token: Token) -> None:
-        args = [*self._guard(token), RELEASE_CHANNEL, token.work_id]
-        reply = self._call("forget", self._forget, self._key(token.work_id), args)
+        key = self._key(token.work_id)
+        args = [*self._guard(token), RELEASE_CHANNEL, key, request_id()]
+        reply = self._call("forget", self._forget, key, args)
         decode_guarded(token, "forget", [*reply, 0])
 
     # -- housekeeping ----------------------------------------------------------------------
@@ -214,16 +386,24 @@ class RedisBackend:
             raise backend_error(exc, operation) from exc
         return int(seconds) * 1000 + int(micros) // 1000
 
-    def _rows(self, operation: str) -> list[Row]:
-        """Every lease row under the prefix (``SCAN``, never ``KEYS``)."""
+    def _keys_under(self, prefix: str, operation: str) -> list[bytes]:
+        """Every key starting with ``prefix``, each once (``SCAN``, never ``KEYS``; on a
+        Cluster every master is scanned)."""
         if self._closed:
             raise closed(operation)
+        seen: dict[bytes, None] = {}  # SCAN may return a key more than once
+        try:
+            for key in self._client.scan_iter(match=scan_pattern(prefix), count=500):
+                seen[key] = None
+        except _FAILURES as exc:
+            raise backend_error(exc, operation) from exc
+        return list(seen)
+
+    def _rows(self, operation: str) -> list[Row]:
+        """Every lease row under the prefix."""
+        keys = self._keys_under(self._prefix, operation)
         found: list[Row] = []
         try:
-            seen: dict[bytes, None] = {}  # SCAN may return a key more than once
-            for key in self._client.scan_iter(match=scan_pattern(self._prefix), count=500):
-                seen[key] = None
-            keys = list(seen)
             for start in range(0, len(keys), 500):
                 part = keys[start : start + 500]
                 pipe = self._client.pipeline(transaction=False)
@@ -287,12 +467,74 @@ class RedisBackend:
             for row in sorted(rows, key=lambda row: row.work_id)
         ]
 
+    # -- release watch ---------------------------------------------------------------------
+
+    def watch_releases(self, work_ids: Iterable[str]) -> ReleaseWatch | None:
+        """A watch woken when one of ``work_ids`` is released or forgotten, by any client of
+        the server (the scripts announce it on pub/sub; optional method); ``None`` once
+        closed. A lapse is not announced: a waiter finds it when its wait runs out."""
+        if self._closed:
+            return None
+        watch = self._hub.watch(work_ids)
+        if self._watcher is None:
+            self._watcher = spawn(self._watch_loop, name="worklease-redis-watch")
+        return watch
+
+    def _watch_loop(self) -> None:
+        backoff = Backoff(initial=0.2, maximum=5.0)
+        base = backoff.initial
+        while not self._watch_stop.is_set():
+            pubsub: Any = None
+            try:
+                self._client.ping()  # a Cluster client learns its slots first
+                pubsub = self._client.pubsub()  # type: ignore[no-untyped-call,unused-ignore]
+                pubsub.subscribe(RELEASE_CHANNEL)
+                while not self._watch_stop.is_set():
+                    message = pubsub.get_message(timeout=_WATCH_TICK)
+                    if message is None:
+                        continue
+                    if message.get("type") == "subscribe":
+                        # (Re)subscribed: a release before this moment went unseen, so every
+                        # waiter looks again.
+                        self._watch_up = True
+                        self._hub.wake_all()
+                        base = backoff.initial
+                    elif message.get("type") == "message":
+                        work_id = work_id_of(self._prefix, message.get("data"))
+                        if work_id is not None:
+                            self._hub.publish(work_id)
+            except Exception as exc:
+                if self._watch_stop.is_set():
+                    return
+                logger.info(
+                    "worklease: Redis release watch interrupted (%s); resuming", first_line(exc)
+                )
+                self._watch_up = False
+                self._hub.wake_all()
+                self._watch_stop.wait(backoff.delay(base))
+                base = backoff.next_base(base)
+            finally:
+                if pubsub is not None:
+                    try:
+                        pubsub.close()
+                    except Exception:  # a connection already lost: nothing to close
+                        pass
+
     # -- lifecycle -------------------------------------------------------------------------
 
     def close(self) -> None:
-        """Close the backend (idempotent): later operations raise ``BackendError``. The
-        client is the caller's and stays open; leases stay in Redis until they expire."""
+        """Close the backend (idempotent): later operations raise ``BackendError`` and
+        ``watch_releases`` returns ``None``. The client is the caller's and stays open;
+        leases stay in Redis until they expire."""
+        if self._closed:
+            return
         self._closed = True
+        self._watch_stop.set()
+        watcher = self._watcher
+        if watcher is not None:
+            cancel_worker(watcher)
+            join_all([watcher], timeout=_WATCH_TICK + 1.0)
+        self._hub.wake_all()
 
     def __enter__(self) -> RedisBackend:
         return self
