@@ -200,3 +200,111 @@ def _wait_replicas(cluster: RedisCluster, expected: int, timeout: float = 30) ->
             return
         time.sleep(0.2)
     raise Unavailable("the Redis Cluster's replicas did not link up")
+
+
+@dataclass
+class SentinelGroup:
+    """A primary, its replicas and the sentinels that watch them (master name ``MASTER``)."""
+
+    primary: RedisServer
+    replicas: list[RedisServer]
+    sentinels: list[RedisServer]
+
+    MASTER = "worklease-test"
+
+    @property
+    def sentinel_addresses(self) -> list[tuple[str, int]]:
+        return [("127.0.0.1", sentinel.port) for sentinel in self.sentinels]
+
+    def master_port(self) -> int | None:
+        """The port the sentinels name as the master now (``None`` when they cannot say)."""
+        for sentinel in self.sentinels:
+            reply = command(
+                sentinel.port, "sentinel", "get-master-addr-by-name", self.MASTER, timeout=5
+            )
+            lines = reply.splitlines()
+            if len(lines) == 2 and lines[1].isdigit():
+                return int(lines[1])
+        return None
+
+    def stop(self) -> None:
+        for server in [*self.sentinels, *self.replicas, self.primary]:
+            server.stop()
+
+
+def start_sentinel_group(
+    replicas: int = 1, sentinels: int = 3, down_after_ms: int = 1000
+) -> SentinelGroup:
+    """A primary with ``replicas`` asynchronous replicas and ``sentinels`` sentinels (quorum:
+    a majority), every replica linked and every sentinel aware of the others."""
+    primary = start()
+    group = SentinelGroup(primary, [], [])
+    try:
+        for _ in range(replicas):
+            group.replicas.append(start("--replicaof", "127.0.0.1", str(primary.port)))
+        _wait_linked(primary.port, replicas)
+        quorum = sentinels // 2 + 1
+        for _ in range(sentinels):
+            group.sentinels.append(_start_sentinel(primary.port, quorum, down_after_ms))
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            known = [
+                command(s.port, "sentinel", "master", SentinelGroup.MASTER) for s in group.sentinels
+            ]
+            if all(_field(k, "num-other-sentinels") == str(sentinels - 1) for k in known) and all(
+                _field(k, "num-slaves") == str(replicas) for k in known
+            ):
+                return group
+            time.sleep(0.2)
+        raise Unavailable("the sentinels did not find each other and the replicas")
+    except BaseException:
+        group.stop()
+        raise
+
+
+def _field(reply: str, name: str) -> str | None:
+    lines = reply.splitlines()
+    for index in range(0, len(lines) - 1, 2):
+        if lines[index] == name:
+            return lines[index + 1]
+    return None
+
+
+def _wait_linked(port: int, replicas: int, timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        info = command(port, "info", "replication")
+        if f"connected_slaves:{replicas}" in info and info.count("state=online") == replicas:
+            return
+        time.sleep(0.1)
+    raise Unavailable(f"the replicas did not link up: {command(port, 'info', 'replication')}")
+
+
+def _start_sentinel(primary_port: int, quorum: int, down_after_ms: int) -> RedisServer:
+    binary = find_redis_server()
+    if binary is None:
+        raise Unavailable("no redis-server binary (apt-get install redis-server)")
+    port = _free_port()
+    directory = Path(tempfile.mkdtemp(prefix="worklease-sentinel-"))
+    config = directory / "sentinel.conf"
+    name = SentinelGroup.MASTER
+    config.write_text(
+        f"port {port}\nbind 127.0.0.1\ndir {directory}\n"
+        f"sentinel monitor {name} 127.0.0.1 {primary_port} {quorum}\n"
+        f"sentinel down-after-milliseconds {name} {down_after_ms}\n"
+        f"sentinel failover-timeout {name} 10000\n"
+        f"sentinel parallel-syncs {name} 1\n"
+    )
+    log = directory / "sentinel.log"
+    with log.open("wb") as output:
+        process = subprocess.Popen(
+            [binary, str(config), "--sentinel"], stdout=output, stderr=subprocess.STDOUT
+        )
+    server = RedisServer(port, directory, process)
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline and process.poll() is None:
+        if command(port, "ping", timeout=2) == "PONG":
+            return server
+        time.sleep(0.05)
+    server.stop()
+    raise Unavailable(f"redis-sentinel did not start: {log.read_text(errors='replace')[-300:]}")

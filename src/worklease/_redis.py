@@ -29,6 +29,7 @@ from datetime import UTC, datetime
 
 from ._failures import fenced, held, lease_expired
 from ._models import Checkpoint, ExitMode, Token
+from ._validation import positive_seconds
 from .errors import BackendError, ConfigError, LeaseHeldError, LeaseLostError
 
 __all__ = [
@@ -232,6 +233,35 @@ end
 return {1, r[2] or false, r[3], r[4] or false}
 """
 """``ARGV``: token. ``{1, checkpoint, previous exit, previous holder}`` or fenced."""
+
+
+def check_replicas(replicas: object, timeout: object, *, cluster: bool) -> tuple[int, int]:
+    """``replicas=`` and ``replica_timeout=`` as ``(replicas, timeout in ms)``."""
+    if isinstance(replicas, bool) or not isinstance(replicas, int):
+        raise TypeError(f"replicas must be an int, not {replicas!r}")
+    if replicas < 0:
+        raise ValueError(f"replicas must be 0 or more, got {replicas!r}")
+    seconds = positive_seconds(timeout, "replica_timeout", maximum=60.0)
+    if replicas and cluster:
+        raise ConfigError(
+            "replicas= needs a standalone or Sentinel client: a Cluster pipeline cannot "
+            "send WAIT to the master that took each write"
+        )
+    return replicas, max(1, math.ceil(seconds * 1000))
+
+
+def check_replicated(operation: str, answer: object, replicas: int, timeout_ms: int) -> None:
+    """``WAIT``'s answer after a write: fewer replicas than asked is a transient failure (the
+    write is on the primary, and would be lost if it failed over now)."""
+    if isinstance(answer, Exception):
+        raise answer
+    count = _int(answer)
+    if count < replicas:
+        raise BackendError(
+            f"{operation}: written on the primary, but {count} of {replicas} replica(s) "
+            f"confirmed it within {timeout_ms} ms (a failover now could lose it)",
+            transient=True,
+        )
 
 
 def request_id() -> str:

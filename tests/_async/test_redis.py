@@ -10,10 +10,11 @@ from time import monotonic
 
 import pytest
 
+from tests import redis_servers
 from tests._acompat import asleep
 from tests._async.conftest import redis_backend
 from tests.redis_servers import RedisServer
-from worklease import AsyncRedisBackend, ConfigError, ExitMode
+from worklease import AsyncRedisBackend, BackendError, ConfigError, ExitMode
 from worklease._aredis import ClusterClient, RedisClient
 from worklease._async.watch import AsyncReleaseWatch
 from worklease.conformance import AsyncBackendConformance
@@ -181,3 +182,59 @@ async def test_a_cluster_spreads_work_ids_over_its_masters(request: pytest.Fixtu
             owners.add(node.name)
         assert len(owners) == 3
         assert sorted(row["work_id"] for row in await backend.rows()) == sorted(ids)
+
+
+async def test_replicas_waits_for_the_replica_and_says_when_it_did_not_confirm(
+    request: pytest.FixtureRequest,
+) -> None:
+    """``replicas=1``: renew, checkpoint, release and forget return once a replica has the
+    write (``WAIT`` on the same connection); without one in time they raise a transient
+    ``BackendError`` saying the write is only on the primary. Acquire does not wait."""
+    primary = redis_servers.start()
+    replica: RedisServer | None = None
+    client = RedisClient.from_url(primary.url)
+    try:
+        backend = AsyncRedisBackend(client, prefix="rep:", replicas=1, replica_timeout=0.2)
+        assert backend.replicas == 1
+        token = await backend.acquire("job", "h", 30)  # no replica yet: acquire does not wait
+        with pytest.raises(BackendError, match="0 of 1 replica") as caught:
+            await backend.checkpoint(token, b"only on the primary", 30)
+        assert caught.value.transient
+        assert (await backend.read_checkpoint(token)).state == b"only on the primary"
+        with pytest.raises(BackendError, match="0 of 1 replica"):
+            await backend.renew_many([token], 30)
+        replica = redis_servers.start("--replicaof", "127.0.0.1", str(primary.port))
+        deadline = monotonic() + 30
+        while await client.wait(1, 100) < 1:
+            assert monotonic() < deadline, "the replica did not link up"
+        await backend.checkpoint(token, b"on both", 30)
+        await backend.renew(token, 30)
+        assert await backend.checkpoint_many([(token, b"both again")], 30) == [None]
+        await backend.release(token, ExitMode.FINISHED)
+        replica_client = RedisClient.from_url(replica.url)
+        try:  # confirmed means there: the replica has the checkpoint and the exit
+            assert await replica_client.hmget("rep:job", ["c", "x"]) == [b"both again", b"finished"]
+        finally:
+            await replica_client.aclose()
+        again = await backend.acquire("job", "h2", 30)
+        await backend.forget(again)
+    finally:
+        await client.aclose()
+        if replica is not None:
+            replica.stop()
+        primary.stop()
+
+
+async def test_replicas_is_checked_and_refused_on_a_cluster(request: pytest.FixtureRequest) -> None:
+    for bad, error in ((-1, ValueError), (True, TypeError), ("1", TypeError)):
+        with pytest.raises(error, match="replicas must"):
+            AsyncRedisBackend(RedisClient(), replicas=bad)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="replica_timeout"):
+        AsyncRedisBackend(RedisClient(), replicas=1, replica_timeout=0)
+    cluster = ClusterClient.from_url(request.getfixturevalue("redis_cluster").url)
+    try:
+        with pytest.raises(ConfigError, match="replicas= needs a standalone or Sentinel"):
+            AsyncRedisBackend(cluster, replicas=1)
+        assert AsyncRedisBackend(cluster).replicas == 0
+    finally:
+        await cluster.aclose()

@@ -13,10 +13,11 @@ from time import monotonic
 
 import pytest
 
+from tests import redis_servers
 from tests._compat import sleep
 from tests._sync.conftest import redis_backend
 from tests.redis_servers import RedisServer
-from worklease import ConfigError, ExitMode, RedisBackend
+from worklease import BackendError, ConfigError, ExitMode, RedisBackend
 from worklease._sredis import ClusterClient, RedisClient
 from worklease._sync.watch import ReleaseWatch
 from worklease.conformance import BackendConformance
@@ -180,3 +181,59 @@ def test_a_cluster_spreads_work_ids_over_its_masters(request: pytest.FixtureRequ
             owners.add(node.name)
         assert len(owners) == 3
         assert sorted(row["work_id"] for row in backend.rows()) == sorted(ids)
+
+
+def test_replicas_waits_for_the_replica_and_says_when_it_did_not_confirm(
+    request: pytest.FixtureRequest,
+) -> None:
+    """``replicas=1``: renew, checkpoint, release and forget return once a replica has the
+    write (``WAIT`` on the same connection); without one in time they raise a transient
+    ``BackendError`` saying the write is only on the primary. Acquire does not wait."""
+    primary = redis_servers.start()
+    replica: RedisServer | None = None
+    client = RedisClient.from_url(primary.url)
+    try:
+        backend = RedisBackend(client, prefix="rep:", replicas=1, replica_timeout=0.2)
+        assert backend.replicas == 1
+        token = backend.acquire("job", "h", 30)  # no replica yet: acquire does not wait
+        with pytest.raises(BackendError, match="0 of 1 replica") as caught:
+            backend.checkpoint(token, b"only on the primary", 30)
+        assert caught.value.transient
+        assert (backend.read_checkpoint(token)).state == b"only on the primary"
+        with pytest.raises(BackendError, match="0 of 1 replica"):
+            backend.renew_many([token], 30)
+        replica = redis_servers.start("--replicaof", "127.0.0.1", str(primary.port))
+        deadline = monotonic() + 30
+        while client.wait(1, 100) < 1:
+            assert monotonic() < deadline, "the replica did not link up"
+        backend.checkpoint(token, b"on both", 30)
+        backend.renew(token, 30)
+        assert backend.checkpoint_many([(token, b"both again")], 30) == [None]
+        backend.release(token, ExitMode.FINISHED)
+        replica_client = RedisClient.from_url(replica.url)
+        try:  # confirmed means there: the replica has the checkpoint and the exit
+            assert replica_client.hmget("rep:job", ["c", "x"]) == [b"both again", b"finished"]
+        finally:
+            replica_client.close()
+        again = backend.acquire("job", "h2", 30)
+        backend.forget(again)
+    finally:
+        client.close()
+        if replica is not None:
+            replica.stop()
+        primary.stop()
+
+
+def test_replicas_is_checked_and_refused_on_a_cluster(request: pytest.FixtureRequest) -> None:
+    for bad, error in ((-1, ValueError), (True, TypeError), ("1", TypeError)):
+        with pytest.raises(error, match="replicas must"):
+            RedisBackend(RedisClient(), replicas=bad)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="replica_timeout"):
+        RedisBackend(RedisClient(), replicas=1, replica_timeout=0)
+    cluster = ClusterClient.from_url(request.getfixturevalue("redis_cluster").url)
+    try:
+        with pytest.raises(ConfigError, match="replicas= needs a standalone or Sentinel"):
+            RedisBackend(cluster, replicas=1)
+        assert RedisBackend(cluster).replicas == 0
+    finally:
+        cluster.close()

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable, Sequence
+from datetime import timedelta
 from types import TracebackType
 from typing import Any
 
@@ -30,6 +31,8 @@ from .._redis import (
     Row,
     at,
     check_prefix,
+    check_replicas,
+    check_replicated,
     decode_grant,
     decode_guarded,
     decode_holder,
@@ -106,6 +109,14 @@ class AsyncRedisBackend:
     default; several applications can share one server, with prefixes none of which starts
     another: ``q:`` would also read ``q:tenant:``'s rows).
 
+    ``replicas``: how many replicas must confirm each renew, checkpoint, release and forget
+    (``WAIT``, sent on the write's connection, at most ``replica_timeout``) before it returns;
+    fewer in time raise a transient ``BackendError``, the write then being on the primary
+    only (a failover now could lose it). Acquire does not wait: a grant a failover loses
+    leaves its holder fenced at its next write, and its token is never issued again
+    (ADR-0020). Not on a Cluster client (its pipelines cannot send ``WAIT`` to the master
+    that took each write).
+
     A client that retries a command after sending it (redis-py's ``Retry``) may send a write
     twice: a repeated release or forget succeeds (each call carries its own request ID), a
     repeated checkpoint or renew writes the same again, but a repeated acquire finds the
@@ -123,7 +134,12 @@ class AsyncRedisBackend:
     __module__ = "worklease"
 
     def __init__(
-        self, client: RedisClient | ClusterClient, *, prefix: str = DEFAULT_PREFIX
+        self,
+        client: RedisClient | ClusterClient,
+        *,
+        prefix: str = DEFAULT_PREFIX,
+        replicas: int = 0,
+        replica_timeout: float | timedelta | str = 1.0,
     ) -> None:
         if not isinstance(client, RedisClient | ClusterClient):
             raise ConfigError(
@@ -132,6 +148,9 @@ class AsyncRedisBackend:
             )
         if client.get_encoder().decode_responses:
             raise ConfigError("the client decodes responses: create it with decode_responses=False")
+        self._replicas, self._replica_timeout_ms = check_replicas(
+            replicas, replica_timeout, cluster=isinstance(client, ClusterClient)
+        )
         self._client = client
         self._prefix = check_prefix(prefix)
         self._acquire = client.register_script(ACQUIRE)
@@ -153,6 +172,11 @@ class AsyncRedisBackend:
         return self._prefix
 
     @property
+    def replicas(self) -> int:
+        """How many replicas must confirm each renew, checkpoint, release and forget."""
+        return self._replicas
+
+    @property
     def watching(self) -> bool:
         """Whether the release watch has subscribed (releases then wake waiters at once)."""
         return self._watch_up
@@ -163,10 +187,21 @@ class AsyncRedisBackend:
     # -- transport -------------------------------------------------------------------------
 
     async def _call(
-        self, operation: str, script: Any, key: str, args: list[Any], *, expect_list: bool = True
+        self,
+        operation: str,
+        script: Any,
+        key: str,
+        args: list[Any],
+        *,
+        expect_list: bool = True,
+        replicate: bool = False,
     ) -> Any:
         if self._closed:
             raise closed(operation)
+        if replicate and self._replicas:
+            # WAIT counts the writes of its own connection: script and WAIT in one pipeline
+            (reply,) = await self._call_many(operation, script, [(key, args)], replicate=True)
+            return reply
         try:
             reply = await script(keys=[key], args=args)
         except _FAILURES as exc:
@@ -176,23 +211,32 @@ class AsyncRedisBackend:
         return reply
 
     async def _call_many(
-        self, operation: str, script: Any, calls: Sequence[tuple[str | bytes, list[Any]]]
+        self,
+        operation: str,
+        script: Any,
+        calls: Sequence[tuple[str | bytes, list[Any]]],
+        *,
+        replicate: bool = False,
     ) -> list[Any]:
         """One script per ``(key, args)``, pipelined ``BATCH`` at a time (on a Cluster the
         pipeline sends each node its own keys; every script still touches one key): the
         replies in order. A script the server lost (``NOSCRIPT``, after a restart or
-        ``SCRIPT FLUSH``) is loaded again and only the calls it refused are sent again."""
+        ``SCRIPT FLUSH``) is loaded again and only the calls it refused are sent again.
+        ``replicate``: each pipeline ends with ``WAIT`` for the backend's ``replicas``."""
         if self._closed:
             raise closed(operation)
+        wait = replicate and self._replicas > 0
         replies: list[Any] = []
         try:
             for start in range(0, len(calls), BATCH):
                 part = calls[start : start + BATCH]
-                answers = await self._pipeline(script, part)
+                answers = await self._pipeline(operation, script, part, wait)
                 missing = [i for i, a in enumerate(answers) if _no_script(a)]
                 if missing:
                     await self._client.script_load(script.script)
-                    again = await self._pipeline(script, [part[i] for i in missing])
+                    again = await self._pipeline(
+                        operation, script, [part[i] for i in missing], wait
+                    )
                     for i, answer in zip(missing, again, strict=True):
                         answers[i] = answer
                 for answer in answers:
@@ -204,7 +248,11 @@ class AsyncRedisBackend:
         return replies
 
     async def _pipeline(
-        self, script: Any, calls: Sequence[tuple[str | bytes, list[Any]]]
+        self,
+        operation: str,
+        script: Any,
+        calls: Sequence[tuple[str | bytes, list[Any]]],
+        wait: bool,
     ) -> list[Any]:
         pipe = self._client.pipeline(transaction=False)
         for key, args in calls:
@@ -212,7 +260,14 @@ class AsyncRedisBackend:
             # on a node), not the command; each call names its one key, so it is routed to
             # its slot's master, and NOSCRIPT is answered above.
             pipe.execute_command("EVALSHA", script.sha, 1, key, *args)
-        return list(await pipe.execute(raise_on_error=False))
+        if wait:
+            pipe.execute_command("WAIT", self._replicas, self._replica_timeout_ms)
+        answers = list(await pipe.execute(raise_on_error=False))
+        if wait:
+            confirmed = answers.pop()
+            if not all(_no_script(answer) for answer in answers):  # else nothing was written
+                check_replicated(operation, confirmed, self._replicas, self._replica_timeout_ms)
+        return answers
 
     def _key(self, work_id: str) -> str:
         return key_of(self._prefix, work_id)
@@ -312,7 +367,9 @@ class AsyncRedisBackend:
         data = normalize_state(state)
         seconds = backend_ttl(ttl)
         args = [*self._guard(token), milliseconds(seconds), data or b""]
-        reply = await self._call("checkpoint", self._checkpoint, self._key(token.work_id), args)
+        reply = await self._call(
+            "checkpoint", self._checkpoint, self._key(token.work_id), args, replicate=True
+        )
         decode_guarded(token, "checkpoint", reply)
 
     async def checkpoint_many(
@@ -327,7 +384,7 @@ class AsyncRedisBackend:
             (self._key(token.work_id), [*self._guard(token), seconds, data or b""])
             for (token, _), data in zip(items, states, strict=True)
         ]
-        replies = await self._call_many("checkpoint", self._checkpoint, calls)
+        replies = await self._call_many("checkpoint", self._checkpoint, calls, replicate=True)
         return [
             outcome(token, "checkpoint", reply)
             for (token, _), reply in zip(items, replies, strict=True)
@@ -338,7 +395,7 @@ class AsyncRedisBackend:
         distinct_work_ids([token.work_id for token in tokens])
         seconds = milliseconds(backend_ttl(ttl))
         calls = [(self._key(token.work_id), [*self._guard(token), seconds]) for token in tokens]
-        replies = await self._call_many("renew", self._renew, calls)
+        replies = await self._call_many("renew", self._renew, calls, replicate=True)
         return [
             outcome(token, "renew", reply) for token, reply in zip(tokens, replies, strict=True)
         ]
@@ -346,14 +403,16 @@ class AsyncRedisBackend:
     async def renew(self, token: Token, ttl: float) -> None:
         seconds = backend_ttl(ttl)
         args = [*self._guard(token), milliseconds(seconds)]
-        reply = await self._call("renew", self._renew, self._key(token.work_id), args)
+        reply = await self._call(
+            "renew", self._renew, self._key(token.work_id), args, replicate=True
+        )
         decode_guarded(token, "renew", reply)
 
     async def release(self, token: Token, mode: ExitMode) -> None:
         declared = check_exit_mode(mode)
         key = self._key(token.work_id)
         args = [*self._guard(token), declared.value, RELEASE_CHANNEL, key, request_id()]
-        reply = await self._call("release", self._release, key, args)
+        reply = await self._call("release", self._release, key, args, replicate=True)
         decode_guarded(token, "release", reply)
 
     async def release_many(
@@ -369,7 +428,7 @@ class AsyncRedisBackend:
             calls.append(
                 (key, [*self._guard(token), declared.value, RELEASE_CHANNEL, key, request_id()])
             )
-        replies = await self._call_many("release", self._release, calls)
+        replies = await self._call_many("release", self._release, calls, replicate=True)
         return [
             outcome(token, "release", reply) for token, reply in zip(tokens, replies, strict=True)
         ]
@@ -377,7 +436,7 @@ class AsyncRedisBackend:
     async def forget(self, token: Token) -> None:
         key = self._key(token.work_id)
         args = [*self._guard(token), RELEASE_CHANNEL, key, request_id()]
-        reply = await self._call("forget", self._forget, key, args)
+        reply = await self._call("forget", self._forget, key, args, replicate=True)
         decode_guarded(token, "forget", [*reply, 0])
 
     # -- housekeeping ----------------------------------------------------------------------
