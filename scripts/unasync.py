@@ -125,6 +125,7 @@ REPLACEMENTS: dict[str, str] = {
     "AHostCanceller": "HostCanceller",
     "ACancelGuard": "CancelGuard",
     "acheck_postgres": "check_postgres",
+    "acheck_redis": "check_redis",
     "abounded": "bounded",
     "awithin": "within",
     "wait_timeout": "wait",

@@ -575,10 +575,125 @@ def test_status_and_sweep_read_etcd(etcd_cluster: Any) -> None:
         assert "PostgreSQL only" in refused.stderr
 
 
+@pytest.mark.redis
+@pytest.mark.parametrize("where", ["standalone", "cluster"])
+def test_status_and_sweep_read_redis(request: pytest.FixtureRequest, where: str) -> None:
+    """The same columns and JSON keys from Redis (standalone, or a Cluster URL); the TTL
+    left is by the server's clock."""
+    prefix = f"cli-{os.getpid()}-{datetime.now(UTC).timestamp():.0f}:"
+    if where == "cluster":
+        url = "redis+cluster://" + request.getfixturevalue("redis_cluster").url.split("://")[1]
+    else:
+        url = request.getfixturevalue("redis_server").url
+    target = ("--redis", url, "--redis-prefix", prefix)
+    with worklease.RedisBackend.from_url(url, prefix=prefix) as backend:
+        held = backend.acquire("job-held", "worker-a", 60.0)
+        backend.checkpoint(held, b"12345", 60.0)
+        retired = backend.acquire("job-retired", "worker-b", 60.0)
+        backend.release(retired, ExitMode.RETIRED)
+        table = run("status", *target)
+        assert table.returncode == 0, table.stderr
+        lines = table.stdout.splitlines()
+        assert lines[0].split()[:4] == ["WORK", "ID", "HOLDER", "TOKEN"]
+        row = next(line for line in lines if line.startswith("job-held"))
+        assert "worker-a" in row
+        assert str(held.fencing_token) in row
+        assert "held" in row
+        assert "5 B" in row
+        assert "in 5" in row  # about a minute left
+        released = run("status", *target, "--state", "released", "--json")
+        assert released.returncode == 0, released.stderr
+        document = json.loads(released.stdout)
+        assert [(d["work_id"], d["exit_mode"]) for d in document] == [("job-retired", "retired")]
+        assert set(document[0]) == set(json.loads(run("status", *target, "--json").stdout)[0])
+        picked = json.loads(run("status", *target, "--work-id", "job-h*", "--json").stdout)
+        assert [d["work_id"] for d in picked] == ["job-held"]
+        sleep(1.1)
+        swept = run("sweep", *target, "--retention", "1s")
+        assert swept.returncode == 0, swept.stderr
+        assert swept.stdout.startswith("deleted 1 retired work ID(s) not updated for 1s")
+        after = json.loads(run("status", *target, "--json").stdout)
+        assert [d["work_id"] for d in after] == ["job-held"]
+        for refused in (
+            run("status", *target, "--by-holder"),
+            run("sweep", *target, "--retention", "1s", "--dry-run"),
+        ):
+            assert refused.returncode == 1
+            assert "PostgreSQL only; use it without --redis" in refused.stderr
+
+
+@pytest.mark.redis
+def test_check_redis_reports_persistence_and_fails_an_evicting_policy(
+    redis_server: Any,
+) -> None:
+    """Persistence off warns (exit 0; 1 with --strict); a policy that can evict lease rows
+    fails; --json carries the same findings. A server configured as the guide says is clean."""
+    report = run("check", "--redis", redis_server.url)
+    assert report.returncode == 0, report.stdout + report.stderr
+    lines = {line.split()[1]: line for line in report.stdout.splitlines()}
+    assert lines["persistence"].startswith("warn")
+    assert lines["eviction"].startswith("ok")
+    assert lines["scripts"].startswith("ok")
+    assert run("check", "--redis", redis_server.url, "--strict").returncode == 1
+    from tests import redis_servers
+
+    evicting = redis_servers.start("--maxmemory", "64mb", "--maxmemory-policy", "allkeys-lru")
+    try:
+        failed = run("check", "--redis", evicting.url, "--json")
+        assert failed.returncode == 1
+        document = json.loads(failed.stdout)
+        assert document["ok"] is False
+        findings = {f["name"]: f for f in document["findings"]}
+        assert findings["eviction"]["status"] == "fail"
+        assert "allkeys-lru" in findings["eviction"]["detail"]
+    finally:
+        evicting.stop()
+    configured = redis_servers.start(
+        "--appendonly", "yes", "--appendfsync", "always", "--maxmemory", "256mb",
+        "--maxmemory-policy", "noeviction", "--min-replicas-to-write", "1",
+    )  # fmt: skip
+    replica = redis_servers.start("--replicaof", "127.0.0.1", str(configured.port))
+    try:
+        redis_servers._wait_linked(configured.port, 1)
+        clean = run("check", "--redis", configured.url, "--replicas", "1", "--strict")
+        assert clean.returncode == 0, clean.stdout + clean.stderr
+        assert all(line.startswith("ok") for line in clean.stdout.splitlines()), clean.stdout
+        short = run("check", "--redis", configured.url, "--replicas", "2", "--json")
+        assert short.returncode == 1
+        assert {f["name"]: f["status"] for f in json.loads(short.stdout)["findings"]}[
+            "replication"
+        ] == "fail"
+    finally:
+        replica.stop()
+        configured.stop()
+
+
+def test_redis_flags_are_checked_and_hide_the_password() -> None:
+    both = run("status", "--redis", "redis://127.0.0.1:1", "--etcd", "http://127.0.0.1:1")
+    assert both.returncode == 1
+    assert "give one of --dsn, --etcd and --redis, not --etcd and --redis" in both.stderr
+    alone = run("sweep", "--redis-prefix", "app:", "--retention", "1d")
+    assert alone.stderr.strip() == "worklease sweep: --redis-prefix needs --redis"
+    scheme = run("status", "--redis", "http://127.0.0.1:1")
+    assert scheme.returncode == 1
+    assert "unknown Redis URL scheme 'http'" in scheme.stderr
+    unreachable = run("check", "--redis", "redis://:hunter2secret@127.0.0.1:1/0")
+    assert unreachable.returncode == 1
+    assert unreachable.stdout.startswith("fail  connection  redis://:***@127.0.0.1:1/0: ")
+    assert "hunter2secret" not in unreachable.stdout + unreachable.stderr
+    lost = run("status", "--redis", "redis://:hunter2secret@127.0.0.1:1/0")
+    assert lost.returncode == 1
+    assert len(lost.stderr.strip().splitlines()) == 1
+    assert "hunter2secret" not in lost.stderr
+    assert run("check", "--replicas", "1", "--dsn", "dbname=x").returncode == 1
+
+
 def test_etcd_and_dsn_flags_do_not_mix() -> None:
     both = run("status", "--etcd", "http://127.0.0.1:1", "--dsn", "dbname=x")
     assert both.returncode == 1
-    assert both.stderr.strip() == "worklease status: give --etcd or --dsn, not both"
+    assert both.stderr.strip() == (
+        "worklease status: give one of --dsn, --etcd and --redis, not --dsn and --etcd"
+    )
     alone = run("sweep", "--etcd-prefix", "app/", "--retention", "1d")
     assert alone.returncode == 1
     assert alone.stderr.strip() == "worklease sweep: --etcd-prefix needs --etcd"

@@ -120,6 +120,7 @@ if TYPE_CHECKING:
     from ._async.pool import AsyncPool as AsyncPool
     from ._async.postgres import AsyncPostgresBackend as AsyncPostgresBackend
     from ._async.redis import AsyncRedisBackend as AsyncRedisBackend
+    from ._async.redis_check import acheck_redis as acheck_redis
     from ._async.renewal import AsyncRenewal as AsyncRenewal
     from ._async.runner import AsyncRunner as AsyncRunner
     from ._async.transaction import AsyncLeaseTransaction as AsyncLeaseTransaction
@@ -132,6 +133,7 @@ if TYPE_CHECKING:
     from ._sync.etcd import EtcdBackend as EtcdBackend
     from ._sync.postgres import PostgresBackend as PostgresBackend
     from ._sync.redis import RedisBackend as RedisBackend
+    from ._sync.redis_check import check_redis as check_redis
 
 _LAZY = {
     # the asyncio flavour loads asyncio: a program using threads never imports it
@@ -165,6 +167,8 @@ _LAZY = {
     "PostgresBackend": "._sync.postgres",
     "acheck_postgres": "._async.check",
     "check_postgres": "._sync.check",
+    "acheck_redis": "._async.redis_check",
+    "check_redis": "._sync.redis_check",
     "CheckFinding": "._check",
     "CheckReport": "._check",
     "schema_sql": "._pg",
@@ -296,7 +300,9 @@ __all__ = [
     "WorkleaseError",
     "__version__",
     "acheck_postgres",
+    "acheck_redis",
     "check_postgres",
+    "check_redis",
     "current_renewal",
     "permanent",
     "schema_sql",

@@ -250,10 +250,31 @@ ETCD_HELP = (
 )
 
 
+REDIS_HELP = (
+    "read leases from Redis instead: redis://[user:password@]host:port/db (rediss:// for "
+    "TLS), redis+cluster://host:port for a Cluster, or "
+    "redis+sentinel://host:26379[,host:26379...]/MASTER for Sentinel's primary; the key "
+    "prefix comes from --redis-prefix"
+)
+
+
 def _etcd_backend(args: argparse.Namespace) -> Any:
     from ._sync.etcd import EtcdBackend  # httpx: the etcd extra
 
     return EtcdBackend(args.etcd, prefix=args.etcd_prefix or "worklease/", timeout=5.0)
+
+
+def _store_backend(args: argparse.Namespace) -> Any:
+    """The etcd or Redis backend the command names (``--etcd`` / ``--redis``)."""
+    if args.etcd:
+        return _etcd_backend(args)
+    from ._sync.redis import RedisBackend  # redis-py: the redis extra
+
+    return RedisBackend.from_url(args.redis, prefix=args.redis_prefix or "worklease:")
+
+
+def _store_name(args: argparse.Namespace) -> str:
+    return "--etcd" if args.etcd else "--redis"
 
 
 def _print_table(table: Sequence[Sequence[str]], numeric: set[int]) -> None:
@@ -266,11 +287,12 @@ def _print_table(table: Sequence[Sequence[str]], numeric: set[int]) -> None:
         print("  ".join(cells).rstrip())
 
 
-def _etcd_status(args: argparse.Namespace, pattern: str | None) -> None:
-    """``status`` on etcd: the same columns; the expiry is the etcd lease's TTL left."""
+def _store_status(args: argparse.Namespace, pattern: str | None) -> None:
+    """``status`` on etcd or Redis: the same columns; the expiry is the TTL left (the etcd
+    lease's, or by the Redis server's clock)."""
     if args.by_holder:
-        raise CommandError("--by-holder reads PostgreSQL only; use it without --etcd")
-    with _etcd_backend(args) as backend:
+        raise CommandError(f"--by-holder reads PostgreSQL only; use it without {_store_name(args)}")
+    with _store_backend(args) as backend:
         rows = backend.rows()
     matcher = re.compile(pattern) if pattern is not None else None
     listed = []
@@ -330,8 +352,8 @@ def _etcd_status(args: argparse.Namespace, pattern: str | None) -> None:
 
 def _status_once(args: argparse.Namespace) -> None:
     pattern = glob_to_regex(args.work_id) if args.work_id is not None else None
-    if args.etcd:
-        _etcd_status(args, pattern)
+    if args.etcd or args.redis:
+        _store_status(args, pattern)
         return
     statements = Statements(args.schema)
     if args.by_holder:
@@ -412,10 +434,12 @@ def _status_by_holder(
 def _sweep(args: argparse.Namespace) -> None:
     retention = parse_duration(args.retention)
     kinds = "retired and lapsed" if args.include_expired else "retired"
-    if args.etcd:
+    if args.etcd or args.redis:
         if args.dry_run:
-            raise CommandError("--dry-run counts on PostgreSQL only; use it without --etcd")
-        with _etcd_backend(args) as backend:
+            raise CommandError(
+                f"--dry-run counts on PostgreSQL only; use it without {_store_name(args)}"
+            )
+        with _store_backend(args) as backend:
             count = backend.sweep(retention, bool(args.include_expired))
         print(f"deleted {count} {kinds} work ID(s) not updated for {args.retention}")
         return
@@ -442,14 +466,31 @@ def _sweep(args: argparse.Namespace) -> None:
 
 
 def _check(args: argparse.Namespace) -> None:
-    report = check_postgres(
-        args.dsn,
-        schema=args.schema,
-        listen_dsn=args.listen_dsn,
-        ttl=parse_duration(args.ttl),
-        pool_size=args.pool_size,
-        processes=args.processes,
-    )
+    if args.redis:
+        from ._sync.redis_check import check_redis  # redis-py: the redis extra
+
+        for name in ("schema", "listen_dsn"):
+            if getattr(args, name) is not None:
+                raise CommandError(
+                    f"--{name.replace('_', '-')} checks PostgreSQL; not with --redis"
+                )
+        report = check_redis(
+            args.redis,
+            prefix=args.redis_prefix or "worklease:",
+            ttl=parse_duration(args.ttl),
+            replicas=args.replicas,
+        )
+    else:
+        if args.replicas:
+            raise CommandError("--replicas checks Redis; use it with --redis")
+        report = check_postgres(
+            args.dsn,
+            schema=args.schema,
+            listen_dsn=args.listen_dsn,
+            ttl=parse_duration(args.ttl),
+            pool_size=args.pool_size,
+            processes=args.processes,
+        )
     if args.json:
         print(json.dumps(report.to_dict(), indent=2))
     else:
@@ -538,6 +579,10 @@ def _parser() -> argparse.ArgumentParser:
     status.add_argument(
         "--etcd-prefix", metavar="PREFIX", default=None, help="etcd key prefix (worklease/)"
     )
+    status.add_argument("--redis", metavar="URL", help=REDIS_HELP)
+    status.add_argument(
+        "--redis-prefix", metavar="PREFIX", default=None, help="Redis key prefix (worklease:)"
+    )
     status.add_argument(
         "--work-id", metavar="GLOB", help="only work IDs matching this glob (*, ?, [abc], [!a])"
     )
@@ -576,6 +621,10 @@ def _parser() -> argparse.ArgumentParser:
     sweep.add_argument(
         "--etcd-prefix", metavar="PREFIX", default=None, help="etcd key prefix (worklease/)"
     )
+    sweep.add_argument("--redis", metavar="URL", help=REDIS_HELP)
+    sweep.add_argument(
+        "--redis-prefix", metavar="PREFIX", default=None, help="Redis key prefix (worklease:)"
+    )
     sweep.add_argument("--retention", required=True, metavar="DURATION", help="e.g. 7d, 12h, 1h30m")
     sweep.add_argument(
         "--include-expired", action="store_true", help="also delete lapsed, undeclared rows"
@@ -587,7 +636,8 @@ def _parser() -> argparse.ArgumentParser:
 
     check = commands.add_parser(
         "check",
-        help="check a PostgreSQL deployment for worklease (exit status 1 on a failure)",
+        help="check a PostgreSQL (or, with --redis, Redis) deployment for worklease (exit "
+        "status 1 on a failure)",
         description="Check the connection, each host of a multi-host DSN (one primary, and no "
         "standby in a random load_balance_hosts route), the schema, the default isolation, "
         "whether the session can write and the role has the grants acquiring needs, the clock "
@@ -601,6 +651,23 @@ def _parser() -> argparse.ArgumentParser:
     )
     check.add_argument("--dsn", help=DSN_HELP)
     check.add_argument("--schema", metavar="NAME", help="the schema holding the tables")
+    check.add_argument(
+        "--redis",
+        metavar="URL",
+        help="check a Redis deployment instead (the URL forms of status --redis): version, "
+        "scripts, persistence, eviction policy, maxmemory, replicas, min-replicas-to-write, "
+        "clocks, failover detection time against --ttl, Cluster state",
+    )
+    check.add_argument(
+        "--redis-prefix", metavar="PREFIX", default=None, help="Redis key prefix (worklease:)"
+    )
+    check.add_argument(
+        "--replicas",
+        type=int,
+        default=0,
+        metavar="N",
+        help="with --redis: the replicas= your backends use (fails with fewer replicas)",
+    )
     check.add_argument(
         "--listen-dsn", metavar="DSN", help="also check the release listener on this route"
     )
@@ -641,11 +708,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if getattr(args, "schema", None) is not None:
             check_schema_name(args.schema)
-        if getattr(args, "etcd", None) and args.dsn:
-            raise CommandError("give --etcd or --dsn, not both")
+        stores = [
+            flag
+            for flag, name in (("--dsn", "dsn"), ("--etcd", "etcd"), ("--redis", "redis"))
+            if getattr(args, name, None)
+        ]
+        if len(stores) > 1:
+            raise CommandError(f"give one of --dsn, --etcd and --redis, not {' and '.join(stores)}")
         if getattr(args, "etcd_prefix", None) is not None and not args.etcd:
             raise CommandError("--etcd-prefix needs --etcd")
-        if hasattr(args, "dsn") and not getattr(args, "etcd", None):
+        if getattr(args, "redis_prefix", None) is not None and not args.redis:
+            raise CommandError("--redis-prefix needs --redis")
+        if (
+            hasattr(args, "dsn")
+            and not getattr(args, "etcd", None)
+            and not getattr(args, "redis", None)
+        ):
             args.dsn = resolve_dsn(args.dsn)
         args.handler(args)
     except _Quiet:

@@ -26,6 +26,8 @@ import math
 import os
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from typing import Literal, cast
+from urllib.parse import unquote
 
 from ._failures import fenced, held, lease_expired
 from ._models import Checkpoint, ExitMode, Token
@@ -485,3 +487,105 @@ def decode_row(prefix: str, key: bytes | str, values: list[object]) -> Row | Non
         )
     except (BackendError, UnicodeDecodeError):
         return None
+
+
+# -- where the server is --------------------------------------------------------------------
+
+TargetKind = Literal["standalone", "cluster", "sentinel"]
+
+
+@dataclass(frozen=True)
+class RedisTarget:
+    """A Redis URL read: what kind of deployment and how to reach it.
+
+    - ``redis://[user:password@]host[:port][/db]`` (``rediss://`` for TLS, ``unix://path``):
+      one server (a standalone primary);
+    - ``redis+cluster://[user:password@]host[:port]`` (``rediss+cluster://``): a Redis
+      Cluster, through any of its nodes;
+    - ``redis+sentinel://[user:password@]host[:port][,host[:port]...]/master[/db]``
+      (``rediss+sentinel://``): the primary the sentinels name for ``master``; the
+      credentials are the primary's.
+    """
+
+    kind: TargetKind
+    url: str
+    """What redis-py's ``from_url`` takes (standalone, cluster); empty for a sentinel."""
+    sentinels: tuple[tuple[str, int], ...] = ()
+    master: str = ""
+    db: int = 0
+    username: str | None = None
+    password: str | None = None
+    tls: bool = False
+
+
+_SCHEMES = {
+    "redis": ("standalone", "redis"),
+    "rediss": ("standalone", "rediss"),
+    "unix": ("standalone", "unix"),
+    "redis+cluster": ("cluster", "redis"),
+    "rediss+cluster": ("cluster", "rediss"),
+    "redis+sentinel": ("sentinel", "redis"),
+    "rediss+sentinel": ("sentinel", "rediss"),
+}
+
+
+def parse_redis_url(url: object) -> RedisTarget:
+    """Read a Redis URL (see ``RedisTarget``); ``ConfigError`` says what is wrong with it,
+    never repeating a password."""
+    if not isinstance(url, str) or "://" not in url:
+        raise ConfigError(
+            "a Redis URL looks like redis://host:6379/0, redis+cluster://host:7000 or "
+            "redis+sentinel://host:26379/mymaster"
+        )
+    scheme, rest = url.split("://", 1)
+    known = _SCHEMES.get(scheme.lower())
+    if known is None:
+        raise ConfigError(
+            f"unknown Redis URL scheme {scheme!r}: use one of {', '.join(sorted(_SCHEMES))}"
+        )
+    kind, plain = known
+    if kind != "sentinel":
+        return RedisTarget(cast(TargetKind, kind), f"{plain}://{rest}", tls=plain == "rediss")
+    credentials, _, location = rest.rpartition("@")
+    hosts, _, path = location.partition("/")
+    parts = [part for part in path.split("/") if part]
+    if not parts or len(parts) > 2:
+        raise ConfigError(
+            "a Sentinel URL names the master after the hosts: "
+            "redis+sentinel://host:26379[,host:26379...]/mymaster[/db]"
+        )
+    sentinels: list[tuple[str, int]] = []
+    for host in hosts.split(","):
+        name, _, port = host.strip().rpartition(":") if ":" in host else (host.strip(), "", "")
+        if not name or (port and not port.isdigit()):
+            raise ConfigError(f"a sentinel address is host[:port], got {host.strip()!r}")
+        sentinels.append((name, int(port) if port else 26379))
+    if len(parts) == 2 and not parts[1].isdigit():
+        raise ConfigError(f"the database after the master is a number, got {parts[1]!r}")
+    username, password = None, None
+    if credentials:
+        user, colon, secret = credentials.partition(":")
+        username, password = (user or None, secret) if colon else (None, user)
+    return RedisTarget(
+        "sentinel",
+        "",
+        tuple(sentinels),
+        unquote(parts[0]),
+        int(parts[1]) if len(parts) == 2 else 0,
+        unquote(username) if username else None,
+        unquote(password) if password is not None else None,
+        plain == "rediss",
+    )
+
+
+def redact_url(url: str) -> str:
+    """The URL with any password replaced by ``***`` (for messages and reports)."""
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        return url
+    credentials, at_sign, location = rest.rpartition("@")
+    if not at_sign:
+        return url
+    user, colon, _ = credentials.partition(":")
+    hidden = f"{user}:***" if colon else "***"
+    return f"{scheme}://{hidden}@{location}"

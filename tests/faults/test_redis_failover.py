@@ -33,7 +33,14 @@ pytest.importorskip("redis")
 from redis.sentinel import Sentinel
 
 from tests import redis_servers
-from worklease import BackendError, ExitMode, LeaseHeldError, LeaseLostError, RedisBackend
+from worklease import (
+    BackendError,
+    ExitMode,
+    LeaseHeldError,
+    LeaseLostError,
+    RedisBackend,
+    check_redis,
+)
 from worklease._models import Token
 
 from .conftest import scaled
@@ -101,6 +108,19 @@ def _trial(number: int) -> Trial:
             issued.setdefault(token.work_id, []).append(token.fencing_token)
             backend.checkpoint(token, b"0", TTL)
             holders.append(Holder(backend, token))
+        if number == 0:  # the Sentinel URL form, and what check reports of this group
+            hosts = ",".join(f"{host}:{port}" for host, port in group.sentinel_addresses)
+            url = f"redis+sentinel://{hosts}/{group.MASTER}"
+            report = check_redis(url, ttl=TTL)
+            assert report["connection"].status == "ok", report.findings
+            assert "(sentinel)" in report["connection"].detail
+            assert report["replication"].status == "ok", report.findings
+            assert report["failover"].status == "ok", report.findings
+            assert "1s (down-after-milliseconds)" in report["failover"].detail
+            assert report["min-replicas"].status == "warn"  # as configured here
+            assert check_redis(url, ttl=1.5)["failover"].status == "warn"
+            with RedisBackend.from_url(url, prefix=prefix) as by_url:
+                by_url.release(by_url.acquire("by-url", "h", TTL), ExitMode.FINISHED)
         threads = [threading.Thread(target=holder.run, daemon=True) for holder in holders]
         for thread in threads:
             thread.start()

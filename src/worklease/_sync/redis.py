@@ -30,6 +30,7 @@ from .._redis import (
     ROW_FIELDS,
     SWEEP,
     Grant,
+    RedisTarget,
     Row,
     at,
     check_prefix,
@@ -43,11 +44,12 @@ from .._redis import (
     key_of,
     milliseconds,
     outcome,
+    parse_redis_url,
     request_id,
     scan_pattern,
     work_id_of,
 )
-from .._sredis import ClusterClient, RedisClient, redis_errors
+from .._sredis import ClusterClient, RedisClient, Sentinel, redis_errors
 from .._validation import (
     backend_ttl,
     check_exit_mode,
@@ -56,6 +58,7 @@ from .._validation import (
     distinct_work_ids,
     non_negative_seconds,
     normalize_state,
+    positive_seconds,
 )
 from .._window import Backoff
 from ..errors import BackendError, ConfigError, LeaseHeldError, LeaseLostError
@@ -95,6 +98,31 @@ def backend_error(exc: BaseException, operation: str) -> BackendError:
 
 
 _FAILURES = (redis_errors.RedisError, redis_errors.RedisClusterException)
+
+
+CONNECT_TIMEOUT = 5.0
+"""``from_url``'s default seconds for connecting and for each reply."""
+
+
+def _client_for(target: RedisTarget, timeout: float) -> tuple[Any, Any]:
+    """A client (and the ``Sentinel`` behind it, or ``None``) for ``target``."""
+    options: dict[str, Any] = {"socket_timeout": timeout, "socket_connect_timeout": timeout}
+    if target.kind == "cluster":
+        return ClusterClient.from_url(target.url, **options), None
+    if target.kind == "standalone":
+        return RedisClient.from_url(target.url, **options), None
+    sentinel = Sentinel(  # type: ignore[no-untyped-call,unused-ignore]
+        list(target.sentinels), sentinel_kwargs=options, ssl=target.tls, **options
+    )
+    client = sentinel.master_for(  # type: ignore[no-untyped-call,unused-ignore]
+        target.master, db=target.db, username=target.username, password=target.password
+    )
+    return client, sentinel
+
+
+def _discard(client: Any) -> None:
+    """Drop a client that never connected (its pool holds no connection yet)."""
+    del client
 
 
 def _no_script(answer: object) -> bool:
@@ -165,14 +193,46 @@ class RedisBackend:
         self._sweep = client.register_script(SWEEP)
         self._holder = client.register_script(HOLDER)
         self._closed = False
+        self._owned: tuple[Any, Any] | None = None  # a client (and sentinel) from_url made
         self._hub = ReleaseHub()
         self._watch_stop = Event()
         self._watcher: Worker | None = None
         self._watch_up = False
 
+    @classmethod
+    def from_url(
+        cls,
+        url: str,
+        *,
+        prefix: str = DEFAULT_PREFIX,
+        replicas: int = 0,
+        replica_timeout: float | timedelta | str = 1.0,
+        timeout: float = CONNECT_TIMEOUT,
+    ) -> RedisBackend:
+        """A backend with a client of its own for ``url`` (closed with the backend):
+        ``redis://host:6379/0`` (``rediss://`` for TLS), ``redis+cluster://host:7000`` for a
+        Cluster, ``redis+sentinel://host:26379[,host:26379...]/mymaster[/db]`` for the
+        primary that Sentinel names. ``timeout``: seconds for connecting and for each
+        reply (a URL's own ``socket_timeout`` wins)."""
+        target = parse_redis_url(url)
+        seconds = positive_seconds(timeout, "timeout", maximum=300.0)
+        client, sentinel = _client_for(target, seconds)
+        try:
+            backend = cls(client, prefix=prefix, replicas=replicas, replica_timeout=replica_timeout)
+        except BaseException:
+            _discard(client)
+            raise
+        backend._owned = (client, sentinel)
+        return backend
+
     @property
     def prefix(self) -> str:
         return self._prefix
+
+    @property
+    def client(self) -> RedisClient | ClusterClient:
+        """The redis-py client the backend sends through."""
+        return self._client
 
     @property
     def replicas(self) -> int:
@@ -581,8 +641,8 @@ class RedisBackend:
 
     def close(self) -> None:
         """Close the backend (idempotent): later operations raise ``BackendError`` and
-        ``watch_releases`` returns ``None``. The client is the caller's and stays open;
-        leases stay in Redis until they expire."""
+        ``watch_releases`` returns ``None``. A client the caller passed stays open (one
+        ``from_url`` made is closed); leases stay in Redis until they expire."""
         if self._closed:
             return
         self._closed = True
@@ -592,6 +652,11 @@ class RedisBackend:
             cancel_worker(watcher)
             join_all([watcher], timeout=_WATCH_TICK + 1.0)
         self._hub.wake_all()
+        if self._owned is not None:
+            client, sentinel = self._owned
+            client.close()
+            for connection in sentinel.sentinels if sentinel is not None else ():
+                connection.close()
 
     def __enter__(self) -> RedisBackend:
         return self
