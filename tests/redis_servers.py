@@ -65,7 +65,7 @@ class RedisServer:
     def url(self) -> str:
         return f"redis://127.0.0.1:{self.port}/0"
 
-    def stop(self) -> None:
+    def stop(self, *, keep_files: bool = False) -> None:
         if self.process.poll() is None:
             self.process.terminate()
             try:
@@ -73,22 +73,31 @@ class RedisServer:
             except subprocess.TimeoutExpired:
                 self.process.kill()
                 self.process.wait(10)
-        shutil.rmtree(self.directory, ignore_errors=True)
+        if not keep_files:
+            shutil.rmtree(self.directory, ignore_errors=True)
 
 
-def start(*extra: str, attempts: int = 3, cluster: bool = False) -> RedisServer:
+def start(
+    *extra: str,
+    attempts: int = 3,
+    cluster: bool = False,
+    port: int | None = None,
+    directory: Path | None = None,
+) -> RedisServer:
     """A standalone server with persistence off (tests that need it pass their own options);
-    ``cluster``: a node of a Redis Cluster yet to be formed."""
+    ``cluster``: a node of a Redis Cluster yet to be formed; ``port`` and ``directory``: a
+    server started again where an earlier one ran (its data files kept)."""
     binary = find_redis_server()
     if binary is None:
         raise Unavailable("no redis-server binary (apt-get install redis-server)")
     last = ""
+    chosen, kept = port, directory
     for _ in range(attempts):
-        port = _cluster_port() if cluster else _free_port()
+        port = chosen or (_cluster_port() if cluster else _free_port())
         if cluster:
             extra = (*extra, "--cluster-enabled", "yes", "--cluster-node-timeout", "2000",
                      "--cluster-config-file", "nodes.conf")  # fmt: skip
-        directory = Path(tempfile.mkdtemp(prefix="worklease-redis-"))
+        directory = kept or Path(tempfile.mkdtemp(prefix="worklease-redis-"))
         log = directory / "redis.log"
         with log.open("wb") as output:  # the child keeps its own copy of the descriptor
             process = subprocess.Popen(
@@ -108,7 +117,7 @@ def start(*extra: str, attempts: int = 3, cluster: bool = False) -> RedisServer:
             except OSError:
                 time.sleep(0.05)
         last = log.read_text(errors="replace")[-500:] if log.exists() else ""
-        server.stop()
+        server.stop(keep_files=kept is not None)
     raise Unavailable(f"redis-server did not start: {last.strip()[:500]}")
 
 
