@@ -1,4 +1,4 @@
-"""Developer sessions: nox -s generate | generate-check | lint | tests | docs (| faults |
+"""Developer sessions: nox -s generate | generate-check | lint | tests | docs (| faults | redis |
 bench | bench-scale)."""
 
 from __future__ import annotations
@@ -90,14 +90,33 @@ def tests(session: nox.Session) -> None:
 
 
 @nox.session(python=GEN_PYTHON)
+def redis(session: nox.Session) -> None:
+    """The Redis backend everywhere: every backend-parametrized test on standalone Redis and
+    on a 3-master Redis Cluster, both flavours (CI runs the matrix on standalone and the
+    conformance suite and the Cluster cases on the Cluster), then the Redis fault tests in
+    their long variants (20 Sentinel failovers). Needs Debian's redis-server."""
+    session.install("-e", ".[redis]", *group("test"))
+    session.env["WORKLEASE_TEST_REDIS_CLUSTER"] = "matrix"
+    session.run(
+        "python", "-m", "pytest", "-n", "3", "-m", "redis and not faults", "tests/_async",
+        "tests/_sync", "tests/test_redis_scripts.py", "tests/test_cli.py", *session.posargs,
+    )  # fmt: skip
+    session.env["WORKLEASE_FAULTS_LONG"] = "1"
+    session.run(
+        "python", "-m", "pytest", "-m", "redis and faults", "tests/faults", "--timeout=3600",
+        *session.posargs,
+    )  # fmt: skip
+
+
+@nox.session(python=GEN_PYTHON)
 def bench(session: nox.Session) -> None:
     """Lease operations vs the hand-written PostgreSQL floor, then handoff latency,
     transactional steps, checkpoint throughput under concurrency (group commit), HOT updates,
-    a sweep of 200,000 rows beside an acquire and a live holder, etcd, and the memory backend
-    from 1,000 to 100,000 held leases ->
+    a sweep of 200,000 rows beside an acquire and a live holder, etcd, Redis (private servers:
+    standalone and Cluster), and the memory backend from 1,000 to 100,000 held leases ->
     benchmarks/results/ (not a default session). Arguments go to bench_ops.py:
     nox -s bench -- --iterations 500 --dsn DSN."""
-    session.install("-e", ".", *group("bench"), *group("test"))
+    session.install("-e", ".[redis]", *group("bench"), *group("test"))
     session.run("python", "benchmarks/bench_ops.py", *session.posargs)
     dsn = [arg for arg in session.posargs if arg.startswith("--dsn")]
     if "--dsn" in dsn:
@@ -111,6 +130,7 @@ def bench(session: nox.Session) -> None:
         "--state-bytes", "256",
     )  # fmt: skip
     session.run("python", "benchmarks/bench_etcd.py", *dsn)
+    session.run("python", "benchmarks/bench_redis.py")
     session.run("python", "benchmarks/bench_memory_scale.py")
 
 

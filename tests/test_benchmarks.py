@@ -1,4 +1,5 @@
-"""Smoke test of benchmarks/bench_ops.py: it runs and writes its tables (numbers unchecked)."""
+"""Smoke tests of the benchmark scripts: each runs with tiny settings and writes every row of its
+tables (numbers unchecked)."""
 
 from __future__ import annotations
 
@@ -10,8 +11,6 @@ from pathlib import Path
 import pytest
 
 from tests import pg
-
-pytestmark = pytest.mark.postgres
 
 SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_ops.py"
 OPERATIONS = [
@@ -26,6 +25,7 @@ OPERATIONS = [
 PALS = "acquire+release vs pals"
 
 
+@pytest.mark.postgres
 def test_bench_ops_writes_every_row(postgres_dsn: str, tmp_path: Path) -> None:
     result = subprocess.run(
         [
@@ -103,6 +103,7 @@ SCALE_ROWS = [
 ]
 
 
+@pytest.mark.postgres
 @pytest.mark.slow
 def test_bench_scale_writes_every_row(postgres_dsn: str, tmp_path: Path) -> None:
     result = subprocess.run(
@@ -160,6 +161,7 @@ def test_bench_scale_writes_every_row(postgres_dsn: str, tmp_path: Path) -> None
 HANDOFF_SCRIPT = SCRIPT.with_name("bench_handoff.py")
 
 
+@pytest.mark.postgres
 def test_bench_handoff_writes_every_row(postgres_dsn: str, tmp_path: Path) -> None:
     result = subprocess.run(
         [
@@ -204,6 +206,7 @@ def test_bench_handoff_writes_every_row(postgres_dsn: str, tmp_path: Path) -> No
 TX_SCRIPT = SCRIPT.with_name("bench_transaction.py")
 
 
+@pytest.mark.postgres
 def test_bench_transaction_writes_both_flavours(postgres_server: str, tmp_path: Path) -> None:
     result = subprocess.run(
         [
@@ -239,6 +242,7 @@ def test_bench_transaction_writes_both_flavours(postgres_server: str, tmp_path: 
 CONCURRENCY_SCRIPT = SCRIPT.with_name("bench_concurrency.py")
 
 
+@pytest.mark.postgres
 def test_bench_concurrency_writes_every_row(postgres_dsn: str, tmp_path: Path) -> None:
     result = subprocess.run(
         [
@@ -279,3 +283,80 @@ def test_bench_concurrency_writes_every_row(postgres_dsn: str, tmp_path: Path) -
     database = data["environment"]["database"]
     left = pg.execute(postgres_dsn, "SELECT 1 FROM pg_database WHERE datname = %s", (database,))
     assert left == []
+
+
+REDIS_SCRIPT = SCRIPT.with_name("bench_redis.py")
+REDIS_OPERATIONS = ["acquire", "checkpoint", "renew", "release", "acquire+release"]
+
+
+@pytest.mark.redis
+@pytest.mark.usefixtures("redis_server")  # skips (or fails under CI=true) without redis-server
+def test_bench_redis_writes_every_row(tmp_path: Path) -> None:
+    result = subprocess.run(
+        [
+            sys.executable,
+            str(REDIS_SCRIPT),
+            "--iterations",
+            "10",
+            "--warmup",
+            "2",
+            "--block",
+            "5",
+            "--handoffs",
+            "2",
+            "--seconds",
+            "0.2",
+            "--leases",
+            "20",
+            "--processes",
+            "2",
+            "--work-ids",
+            "10",
+            "--rounds",
+            "1",
+            "--server-calls",
+            "5",
+            "--output",
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr[-4000:]
+    table = (tmp_path / "redis.md").read_text(encoding="utf-8")
+    for flavour in ("sync", "async"):
+        for operation in REDIS_OPERATIONS:
+            assert f"| {flavour} | {operation} |" in table, (flavour, operation)
+        assert f"| {flavour} | acquire+release vs redis-py Lock |" in table, flavour
+    for setup in ("standalone", "Cluster of 1 master", "Cluster of 3 masters"):
+        assert f"| {setup} |" in table, setup
+    assert "## Targets" in table
+
+    data = json.loads((tmp_path / "redis.json").read_text(encoding="utf-8"))
+    rows = {(row["flavour"], row["operation"]): row for row in data["rows"]}
+    assert set(rows) == {
+        (flavour, operation)
+        for flavour in ("sync", "async")
+        for operation in [*REDIS_OPERATIONS, "acquire+release vs redis-py Lock"]
+    }
+    for (_, operation), row in rows.items():
+        sides = row["sides"].values()
+        assert {side["n"] for side in sides} == {10}, row
+        assert row["lease_ratio"] > 0
+        assert (row["target"] is None) == (operation == "acquire+release vs redis-py Lock")
+    for flavour in ("sync", "async"):
+        handoff = data["handoff"][flavour]
+        assert handoff["n"] == 2, handoff
+        assert handoff["errors"] == []
+    renewals = data["renewals"]["sides"]
+    assert len(renewals) == 3
+    assert all(side["renewals"] > 0 for side in renewals.values())
+    assert sum(data["renewals"]["lost"].values()) == 0
+    summary = data["scaling"]["summary"]
+    assert set(summary) == {"standalone", "Cluster of 1 master", "Cluster of 3 masters"}
+    assert all(row["cycles_per_s"] > 0 and row["failed"] == 0 for row in summary.values())
+    assert len(summary["Cluster of 3 masters"]["per_node_cores"]) == 3
+    assert isinstance(data["scaling"]["cluster_target_met"], bool)
+    assert set(data["server_times"]) == {"worklease", "hand-written", "redis-py Lock"}

@@ -78,7 +78,9 @@ class Scripts:
         reply = self.forget_script(
             keys=keys, args=[*args, r.RELEASE_CHANNEL, keys[0], request or r.request_id()]
         )
-        r.decode_guarded(token, "forget", [*reply, 0])
+        lost = r.outcome(token, "forget", reply)
+        if lost is not None:
+            raise lost
 
     def read(self, token: Token) -> Checkpoint:
         reply = self.read_script(keys=[self.key(token.work_id)], args=[str(token.fencing_token)])

@@ -74,27 +74,28 @@ local function int(n)
 end
 """
 
-_OWNED = """
-local r = redis.call('HMGET', KEYS[1], 't', 'h', 'e', 'x', 'f')
+_FENCE = """
+local r = redis.call('HMGET', KEYS[1], 't', 'h', 'e', 'x', 'f', 'n')
 if r[1] ~= ARGV[1] or r[2] ~= ARGV[2] or r[5] then
   return {-1}
 end
 local now = now_ms()
+"""
+_DECLARED = """
 if r[4] then
   return {-2, r[4]}
 end
 """
-"""The check every guarded write starts with (``ARGV[1]`` token, ``ARGV[2]`` holder):
-another token or no row is fenced; a declared exit is expired."""
+_OWNED = _FENCE + _DECLARED
+"""The check every guarded write starts with (``ARGV[1]`` token, ``ARGV[2]`` holder), in one
+read of the hash: another token or no row is fenced; a declared exit is expired."""
 
-_GUARD = (
-    _OWNED
-    + """
+_LAPSED = """
 if tonumber(r[3]) <= now then
   return {-3, tonumber(r[3])}
 end
 """
-)
+_GUARD = _OWNED + _LAPSED
 """``_OWNED``, and a passed expiry is expired too (renew, release: they cannot revive a
 lapsed lease)."""
 
@@ -136,10 +137,10 @@ RENEW = (
     + """
 local expires = now + tonumber(ARGV[3])
 redis.call('HSET', KEYS[1], 'e', int(expires), 'u', int(now))
-return {1, expires}
+return expires
 """
 )
-"""``ARGV``: token, holder ID, TTL in ms. ``{1, expires}`` or a refusal."""
+"""``ARGV``: token, holder ID, TTL in ms. The new expiry, or a refusal (a list)."""
 
 CHECKPOINT = (
     _PRELUDE
@@ -152,7 +153,7 @@ if ARGV[4] == '' then
 else
   redis.call('HSET', KEYS[1], 'c', ARGV[4])
 end
-return {1, expires}
+return expires
 """
 )
 """``ARGV``: token, holder ID, TTL in ms, the state (empty: clear it). Written together with
@@ -161,17 +162,18 @@ backend: the holder's work was not taken over)."""
 
 RELEASE = (
     _PRELUDE
+    + _FENCE
     + """
-local seen = redis.call('HMGET', KEYS[1], 't', 'h', 'n')
-if seen[1] == ARGV[1] and seen[2] == ARGV[2] and seen[3] == ARGV[6] then
-  return {1, now_ms()}  -- this very call, sent again (a client's retry): done already
+if r[6] == ARGV[6] then
+  return now  -- this very call, sent again (a client's retry): done already
 end
 """
-    + _GUARD
+    + _DECLARED
+    + _LAPSED
     + """
 redis.call('HSET', KEYS[1], 'x', ARGV[3], 'e', int(now), 'u', int(now), 'n', ARGV[6])
 redis.call('PUBLISH', ARGV[4], ARGV[5])
-return {1, now}
+return now
 """
 )
 """``ARGV``: token, holder ID, exit mode, channel, key, request ID. Expires the grant now,
@@ -188,7 +190,7 @@ if r[1] ~= ARGV[1] or r[2] ~= ARGV[2] then
 end
 if r[3] then
   if r[4] == ARGV[5] then
-    return {1}  -- this very call, sent again (a client's retry): done already
+    return 1  -- this very call, sent again (a client's retry): done already
   end
   return {-1}  -- forgotten already: no row
 end
@@ -198,7 +200,7 @@ redis.call('DEL', KEYS[1])
 redis.call('HSET', KEYS[1], 't', ARGV[1], 'h', ARGV[2], 'f', '1', 'n', ARGV[5])
 redis.call('PEXPIRE', KEYS[1], hold_ms)
 redis.call('PUBLISH', ARGV[3], ARGV[4])
-return {1}
+return 1
 """
 )
 """``ARGV``: token, holder ID, channel, key, request ID. Deletes the row of the current
@@ -336,11 +338,13 @@ def decode_grant(work_id: str, reply: list[object]) -> Grant | LeaseHeldError:
     return Grant(_int(token), at(_int(expires)), prior)
 
 
-def decode_guarded(token: Token, operation: str, reply: list[object]) -> datetime:
-    """A guarded write's reply: the new expiry, or the loss raised (fenced before expired)."""
-    code = reply[0]
-    if code == OK:
-        return at(_int(reply[1]))
+def decode_guarded(token: Token, operation: str, reply: object) -> datetime:
+    """A guarded write's reply: the new expiry (a bare integer, the cheapest reply to read),
+    or the loss raised (a refusal is a list: fenced before expired)."""
+    if isinstance(reply, int) and not isinstance(reply, bool) and reply > 0:
+        return at(reply)
+    if not isinstance(reply, list) or not reply:
+        raise BackendError(f"{operation}: unexpected reply from the server: {reply!r}")
     raise refusal(token, operation, reply)
 
 
@@ -358,10 +362,10 @@ def refusal(token: Token, operation: str, reply: list[object]) -> LeaseLostError
 def outcome(token: Token, operation: str, reply: object) -> LeaseLostError | None:
     """A guarded write's reply in a batch: ``None`` when it was written, else the loss the
     single operation would raise (returned, one per item)."""
+    if isinstance(reply, int) and not isinstance(reply, bool) and reply > 0:
+        return None
     if not isinstance(reply, list) or not reply:
         raise BackendError(f"{operation}: unexpected reply from the server: {reply!r}")
-    if reply[0] == OK:
-        return None
     return refusal(token, operation, reply)
 
 

@@ -137,6 +137,8 @@ def test_a_stopped_client_is_fenced_after_a_takeover(redis_server: Any) -> None:
             os.kill(worker.pid, signal.SIGCONT)
             worker.kill()
             worker.wait(10)
+        if worker.stdout is not None:
+            worker.stdout.close()
 
 
 def test_cluster_failover_of_a_slot_master_keeps_the_holder() -> None:

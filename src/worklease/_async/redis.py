@@ -253,7 +253,7 @@ class AsyncRedisBackend:
         key: str,
         args: list[Any],
         *,
-        expect_list: bool = True,
+        expect_list: bool = False,
         replicate: bool = False,
     ) -> Any:
         if self._closed:
@@ -349,7 +349,11 @@ class AsyncRedisBackend:
         check_work_id(work_id)
         seconds = backend_ttl(ttl)
         reply = await self._call(
-            "acquire", self._acquire, self._key(work_id), [holder_id, milliseconds(seconds)]
+            "acquire",
+            self._acquire,
+            self._key(work_id),
+            [holder_id, milliseconds(seconds)],
+            expect_list=True,
         )
         outcome = decode_grant(work_id, reply)
         if isinstance(outcome, LeaseHeldError):
@@ -419,7 +423,11 @@ class AsyncRedisBackend:
 
     async def read_checkpoint(self, token: Token) -> Checkpoint:
         reply = await self._call(
-            "read_checkpoint", self._read, self._key(token.work_id), [str(token.fencing_token)]
+            "read_checkpoint",
+            self._read,
+            self._key(token.work_id),
+            [str(token.fencing_token)],
+            expect_list=True,
         )
         return decode_read(token, reply)
 
@@ -497,7 +505,9 @@ class AsyncRedisBackend:
         key = self._key(token.work_id)
         args = [*self._guard(token), RELEASE_CHANNEL, key, request_id()]
         reply = await self._call("forget", self._forget, key, args, replicate=True)
-        decode_guarded(token, "forget", [*reply, 0])
+        lost = outcome(token, "forget", reply)
+        if lost is not None:
+            raise lost
 
     # -- housekeeping ----------------------------------------------------------------------
 
@@ -562,7 +572,6 @@ class AsyncRedisBackend:
                 self._sweep,
                 self._key(row.work_id),
                 [str(row.token), str(retention_ms), "1" if expired_too else "0"],
-                expect_list=False,
             )
             deleted += int(reply == 1)
         return deleted

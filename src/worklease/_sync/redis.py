@@ -256,7 +256,7 @@ class RedisBackend:
         key: str,
         args: list[Any],
         *,
-        expect_list: bool = True,
+        expect_list: bool = False,
         replicate: bool = False,
     ) -> Any:
         if self._closed:
@@ -350,7 +350,11 @@ class RedisBackend:
         check_work_id(work_id)
         seconds = backend_ttl(ttl)
         reply = self._call(
-            "acquire", self._acquire, self._key(work_id), [holder_id, milliseconds(seconds)]
+            "acquire",
+            self._acquire,
+            self._key(work_id),
+            [holder_id, milliseconds(seconds)],
+            expect_list=True,
         )
         outcome = decode_grant(work_id, reply)
         if isinstance(outcome, LeaseHeldError):
@@ -418,7 +422,11 @@ class RedisBackend:
 
     def read_checkpoint(self, token: Token) -> Checkpoint:
         reply = self._call(
-            "read_checkpoint", self._read, self._key(token.work_id), [str(token.fencing_token)]
+            "read_checkpoint",
+            self._read,
+            self._key(token.work_id),
+            [str(token.fencing_token)],
+            expect_list=True,
         )
         return decode_read(token, reply)
 
@@ -492,7 +500,9 @@ class RedisBackend:
         key = self._key(token.work_id)
         args = [*self._guard(token), RELEASE_CHANNEL, key, request_id()]
         reply = self._call("forget", self._forget, key, args, replicate=True)
-        decode_guarded(token, "forget", [*reply, 0])
+        lost = outcome(token, "forget", reply)
+        if lost is not None:
+            raise lost
 
     # -- housekeeping ----------------------------------------------------------------------
 
@@ -557,7 +567,6 @@ class RedisBackend:
                 self._sweep,
                 self._key(row.work_id),
                 [str(row.token), str(retention_ms), "1" if expired_too else "0"],
-                expect_list=False,
             )
             deleted += int(reply == 1)
         return deleted
