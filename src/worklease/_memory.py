@@ -500,6 +500,26 @@ class MemoryStore:
         if self._on_release is not None:
             self._on_release(token.work_id)
 
+    def expire(self, work_id: str) -> bool:
+        """End the current grant of ``work_id`` now (an operator's action): its token is
+        replaced by a greater one nobody holds, so the holder's next write is fenced, and the
+        next acquire sees the previous exit ``expired`` by that holder. ``False`` when the
+        work ID is not held (no row, released or lapsed: nothing changes)."""
+        check_work_id(work_id)
+        self._open("expire")
+        with self._lock:
+            now = self.now()
+            row = self._rows.get(work_id)
+            if row is None or row.exit_mode is not None or now > row.expires_at:
+                return False
+            self._last_token += 1
+            row.fencing_token = self._last_token
+            row.expires_at = now - _TINY
+            row.updated_at = now
+        if self._on_release is not None:
+            self._on_release(work_id)
+        return True
+
     def _scan(self) -> list[str]:
         """Every stored work ID, in storage order, copied in one short hold (a copy of the
         keys only: for 100,000 rows well under a millisecond)."""

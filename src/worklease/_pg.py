@@ -709,6 +709,18 @@ FROM {table} WHERE work_id = %(work_id)s"""
             f"DELETE FROM {{table}} WHERE {owned}\n"
             f"RETURNING 1, pg_notify('{RELEASE_CHANNEL}', work_id)"
         )
+        # An operator's expire: the grant ends now and its token is replaced by a new one
+        # nobody holds (the holder's next write is fenced; the next acquire issues a greater
+        # one still, and reads the previous exit 'expired' by that holder).
+        self.expire = build(
+            """UPDATE {table} AS l
+SET fencing_token = GREATEST({token}, l.fencing_token + 1),
+    expires_at = now() - interval '1 millisecond', updated_at = now()
+WHERE work_id = %(work_id)s AND exit_mode IS NULL AND expires_at >= now()
+RETURNING true, pg_notify('"""
+            + RELEASE_CHANNEL
+            + """', work_id)"""
+        )
         sweepable = """updated_at < now() - %(retention)s
   AND expires_at < now()
   AND (exit_mode = 'retired' OR (%(include_expired)s AND exit_mode IS NULL))"""

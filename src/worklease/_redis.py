@@ -39,6 +39,7 @@ __all__ = [
     "BATCH",
     "CHECKPOINT",
     "DEFAULT_PREFIX",
+    "EXPIRE",
     "FORGET",
     "HOLDER",
     "READ",
@@ -208,6 +209,25 @@ grant, leaving a tombstone (``f``) with its token and holder until the server cl
 passed the token, at least one second: an acquire meanwhile still issues a greater token
 (afterwards the clock alone does). The same call sent again (same request ID) succeeds; a
 second forget finds no row (fenced)."""
+
+EXPIRE = (
+    _PRELUDE
+    + """
+local r = redis.call('HMGET', KEYS[1], 't', 'e', 'x', 'f')
+local now = now_ms()
+if not r[1] or r[3] or r[4] or tonumber(r[2]) <= now then
+  return 0
+end
+local token = math.max(tonumber(r[1]) + 1, now * 1024)
+redis.call('HSET', KEYS[1], 't', int(token), 'e', int(now), 'u', int(now))
+redis.call('HDEL', KEYS[1], 'n')
+redis.call('PUBLISH', ARGV[1], ARGV[2])
+return 1
+"""
+)
+"""``ARGV``: channel, key. An operator's expire: the grant ends now and its token is
+replaced by a greater one nobody holds (the holder's next write is fenced; the next acquire
+reads the previous exit ``expired``). ``0`` when not held."""
 
 HOLDER = (
     _PRELUDE

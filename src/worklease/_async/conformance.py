@@ -1167,6 +1167,36 @@ class AsyncBackendConformance:
         with pytest.raises(LeaseHeldError):
             await backend.acquire("r1", "holder-b", self.NORMAL_TTL)
 
+    async def test_expire_fences_the_holder_and_hands_over(self, backend: AsyncBackend) -> None:
+        """Extra (an operator's action, where offered): expire ends a held lease now; the
+        holder's every write is fenced (a checkpoint does not revive it); the next acquire
+        gets a greater token and reads the previous exit EXPIRED by that holder, with its
+        checkpoint; a work ID not held is left alone (False)."""
+        expire = getattr(backend, "expire", None)
+        if not callable(expire):
+            pytest.skip("the backend has no expire (optional)")
+        token = await backend.acquire("w1", "holder-a", self.NORMAL_TTL)
+        await backend.checkpoint(token, b"progress", self.NORMAL_TTL)
+        assert await expire("w1") is True
+        with pytest.raises(FencedError):
+            await backend.checkpoint(token, b"zombie", self.NORMAL_TTL)
+        with pytest.raises(FencedError):
+            await backend.renew(token, self.NORMAL_TTL)
+        with pytest.raises(FencedError):
+            await backend.release(token, ExitMode.FINISHED)
+        assert await expire("w1") is False  # expired already: nothing held
+        successor = await backend.acquire("w1", "holder-b", self.NORMAL_TTL)
+        assert successor.fencing_token > token.fencing_token
+        assert await backend.read_checkpoint(successor) == Checkpoint(
+            b"progress", ExitMode.EXPIRED, "holder-a"
+        )
+        await backend.release(successor, ExitMode.RETIRED)
+        assert await expire("w1") is False  # released: nothing held
+        assert await expire("never-acquired") is False
+        lapsed = await backend.acquire("w2", "holder-a", self.EXPIRED_TTL)
+        assert await expire("w2") is False
+        await backend.checkpoint(lapsed, b"revived", self.NORMAL_TTL)  # untouched by expire
+
     async def test_survey_counts_holders_and_finds_members(self, backend: AsyncBackend) -> None:
         """Extra: survey gives the free work IDs in input order (never acquired, lapsed or
         released), how many each holder holds, and the held leases under the prefix with

@@ -126,6 +126,11 @@ class AsyncMemoryBackend:
     async def forget(self, token: Token) -> None:
         self._store.forget(token)
 
+    async def expire(self, work_id: str) -> bool:
+        """End the current grant of ``work_id`` now (an operator's action, optional method):
+        the holder's next write is fenced; ``False`` when it is not held."""
+        return self._store.expire(work_id)
+
     async def sweep(self, retention: float, include_expired: bool) -> int:
         return self._store.sweep(
             non_negative_seconds(retention, "retention"),

@@ -761,6 +761,42 @@ class AsyncPostgresBackend:
         if not rows:
             raise fenced(token, "forget")
 
+    async def expire(self, work_id: str) -> bool:
+        """End the current grant of ``work_id`` now (an operator's action, optional method):
+        its token is replaced by a greater one nobody holds, so the holder's next write is
+        fenced, and the next acquire reads the previous exit ``expired``. ``False`` when the
+        work ID is not held (nothing changes)."""
+        check_work_id(work_id)
+        rows, _ = await self._run("expire", self._statements.expire, {"work_id": work_id})
+        return bool(rows)
+
+    async def rows(self) -> list[dict[str, Any]]:
+        """Every lease row, as a plain dict per work ID (the keys of the etcd and Redis
+        backends' ``rows()``, for tools and the operator console): holder, token, held, the
+        TTL left in seconds (the server's clock), checkpoint size, exit fields and the last
+        write's time."""
+        rows, _ = await self._run(
+            "status", self._statements.status, {"pattern": None, "state": None}
+        )
+        found = []
+        for record in Statements.status_rows(rows):
+            held = record.state == "held"
+            found.append(
+                {
+                    "work_id": record.work_id,
+                    "holder_id": record.holder_id,
+                    "fencing_token": record.fencing_token,
+                    "held": held,
+                    "ttl_left": max(float(record.expires_in), 0.0) if held else None,
+                    "checkpoint_bytes": record.checkpoint_size,
+                    "exit_mode": record.exit_mode,
+                    "prev_exit": record.prev_exit,
+                    "prev_holder_id": record.prev_holder_id,
+                    "updated_at": record.updated_at,
+                }
+            )
+        return found
+
     async def sweep(self, retention: float, include_expired: bool) -> int:
         params = {
             "retention": timedelta(seconds=non_negative_seconds(retention, "retention")),

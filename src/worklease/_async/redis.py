@@ -19,6 +19,7 @@ from .._redis import (
     BATCH,
     CHECKPOINT,
     DEFAULT_PREFIX,
+    EXPIRE,
     FORGET,
     HOLDER,
     READ,
@@ -189,6 +190,7 @@ class AsyncRedisBackend:
         self._read = client.register_script(READ)
         self._sweep = client.register_script(SWEEP)
         self._holder = client.register_script(HOLDER)
+        self._expire = client.register_script(EXPIRE)
         self._closed = False
         self._owned: tuple[Any, Any] | None = None  # a client (and sentinel) from_url made
         self._hub = AsyncReleaseHub()
@@ -508,6 +510,16 @@ class AsyncRedisBackend:
         lost = outcome(token, "forget", reply)
         if lost is not None:
             raise lost
+
+    async def expire(self, work_id: str) -> bool:
+        """End the current grant of ``work_id`` now (an operator's action, optional method):
+        its token is replaced by a greater one nobody holds, so the holder's next write is
+        fenced, and the next acquire reads the previous exit ``expired``. ``False`` when the
+        work ID is not held (nothing changes)."""
+        check_work_id(work_id)
+        key = self._key(work_id)
+        reply = await self._call("expire", self._expire, key, [RELEASE_CHANNEL, key])
+        return bool(reply == 1)
 
     # -- housekeeping ----------------------------------------------------------------------
 

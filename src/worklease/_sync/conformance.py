@@ -1160,6 +1160,36 @@ class BackendConformance:
         with pytest.raises(LeaseHeldError):
             backend.acquire("r1", "holder-b", self.NORMAL_TTL)
 
+    def test_expire_fences_the_holder_and_hands_over(self, backend: Backend) -> None:
+        """Extra (an operator's action, where offered): expire ends a held lease now; the
+        holder's every write is fenced (a checkpoint does not revive it); the next acquire
+        gets a greater token and reads the previous exit EXPIRED by that holder, with its
+        checkpoint; a work ID not held is left alone (False)."""
+        expire = getattr(backend, "expire", None)
+        if not callable(expire):
+            pytest.skip("the backend has no expire (optional)")
+        token = backend.acquire("w1", "holder-a", self.NORMAL_TTL)
+        backend.checkpoint(token, b"progress", self.NORMAL_TTL)
+        assert expire("w1") is True
+        with pytest.raises(FencedError):
+            backend.checkpoint(token, b"zombie", self.NORMAL_TTL)
+        with pytest.raises(FencedError):
+            backend.renew(token, self.NORMAL_TTL)
+        with pytest.raises(FencedError):
+            backend.release(token, ExitMode.FINISHED)
+        assert expire("w1") is False  # expired already: nothing held
+        successor = backend.acquire("w1", "holder-b", self.NORMAL_TTL)
+        assert successor.fencing_token > token.fencing_token
+        assert backend.read_checkpoint(successor) == Checkpoint(
+            b"progress", ExitMode.EXPIRED, "holder-a"
+        )
+        backend.release(successor, ExitMode.RETIRED)
+        assert expire("w1") is False  # released: nothing held
+        assert expire("never-acquired") is False
+        lapsed = backend.acquire("w2", "holder-a", self.EXPIRED_TTL)
+        assert expire("w2") is False
+        backend.checkpoint(lapsed, b"revived", self.NORMAL_TTL)  # untouched by expire
+
     def test_survey_counts_holders_and_finds_members(self, backend: Backend) -> None:
         """Extra: survey gives the free work IDs in input order (never acquired, lapsed or
         released), how many each holder holds, and the held leases under the prefix with
