@@ -140,7 +140,7 @@ def pytest_make_collect_report(
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
-    real_service = any(kind in report.keywords for kind in ("postgres", "etcd", "redis"))
+    real_service = any(kind in report.keywords for kind in ("postgres", "etcd", "redis", "browser"))
     # A conformance case for a capability the backend does not offer skips by design (and on
     # Redis, the case of tokens ordered across work IDs: ADR-0020).
     reason = str(report.longrepr)

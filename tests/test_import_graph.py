@@ -162,3 +162,26 @@ def test_renewal_calls_no_private_lease_method() -> None:
         source = (PACKAGE / flavour / "renewal.py").read_text(encoding="utf-8")
         assert "_lease" not in source
         assert f"worklease.{flavour}.lease" not in graph()[f"worklease.{flavour}.renewal"]
+
+
+def test_nothing_in_the_engine_imports_the_console() -> None:
+    """The operator console is a room of its own: only the command line reaches it, and it
+    reaches no flavoured module (it reads backends through their public methods)."""
+    edges = graph()
+    console = {
+        name for name in MODULES if name == "worklease.web" or name.startswith("worklease.web.")
+    }
+    assert "worklease.web._server" in console
+    importers = sorted(
+        name
+        for name, targets in edges.items()
+        if name not in console and name != "worklease.__main__" and targets & console
+    )
+    assert importers == []
+    reached = sorted(
+        f"{name} imports {target}"
+        for name in console
+        for target in edges[name]
+        if _flavour(target) is not None
+    )
+    assert reached == []

@@ -42,9 +42,9 @@ from ._pg import (
 from ._sync.check import check_postgres
 from ._sync.lease import Lease
 from ._sync.memory import MemoryBackend
-from ._sync.postgres import migrate_table, probe_schema, run_statement
+from ._sync.postgres import PostgresBackend, migrate_table, probe_schema, run_statement
 from ._sync.runner import Runner
-from .errors import WorkleaseError
+from .errors import LeaseLostError, WorkleaseError
 
 DSN_VARIABLES = ("WORKLEASE_DSN", "DATABASE_URL")
 """Where a command finds its DSN without ``--dsn``, in this order; then libpq's own ``PG*``
@@ -506,9 +506,192 @@ class _Quiet(Exception):
     """Exit with status 1 without a message (the report said it)."""
 
 
+def _confirmed(args: argparse.Namespace, question: str) -> bool:
+    """``--yes``, or the operator's answer on a terminal; refuses without either."""
+    if args.yes:
+        return True
+    if not sys.stdin.isatty():
+        raise CommandError("not a terminal to confirm on: give --yes")
+    answer = input(f"{question} [y/N] ").strip().lower()
+    return answer in ("y", "yes")
+
+
+def _operator_backend(args: argparse.Namespace) -> Any:
+    if args.etcd or args.redis:
+        return _store_backend(args)
+    return PostgresBackend.connect(args.dsn, schema=args.schema, listen=False, max_size=1)
+
+
+def _print_result(args: argparse.Namespace, document: dict[str, Any], text: str) -> None:
+    if args.json:
+        print(json.dumps(document, indent=2, default=str))
+    else:
+        print(text)
+
+
+def _lease_row(backend: Any, work_id: str) -> dict[str, Any] | None:
+    for row in backend.rows():
+        if row["work_id"] == work_id:
+            return dict(row)
+    return None
+
+
+def _expire(args: argparse.Namespace) -> None:
+    with _operator_backend(args) as backend:
+        expire = getattr(backend, "expire", None)
+        if not callable(expire):
+            raise CommandError(f"the {_store_name(args)[2:]} backend offers no expire")
+        row = _lease_row(backend, args.work_id)
+        if row is None or not row["held"]:
+            _print_result(
+                args,
+                {"work_id": args.work_id, "expired": False, "reason": "not held"},
+                f"{args.work_id} is not held: nothing to expire",
+            )
+            raise _Quiet()
+        question = (
+            f"expire {args.work_id} (holder {row['holder_id']}, token {row['fencing_token']})? "
+            "Its holder is fenced at its next write"
+        )
+        if not _confirmed(args, question):
+            raise CommandError("not confirmed: nothing changed")
+        done = expire(args.work_id)
+    if not done:
+        _print_result(
+            args,
+            {"work_id": args.work_id, "expired": False, "reason": "not held any more"},
+            f"{args.work_id} was not held any more: nothing changed",
+        )
+        raise _Quiet()
+    _print_result(
+        args,
+        {
+            "work_id": args.work_id,
+            "expired": True,
+            "holder_id": row["holder_id"],
+            "fencing_token": row["fencing_token"],
+        },
+        f"expired {args.work_id} (holder {row['holder_id']}, token {row['fencing_token']}): "
+        "the holder is fenced at its next write",
+    )
+
+
+def _forget(args: argparse.Namespace) -> None:
+    with _operator_backend(args) as backend:
+        row = _lease_row(backend, args.work_id)
+        if row is None:
+            _print_result(
+                args,
+                {"work_id": args.work_id, "forgotten": False, "reason": "no row"},
+                f"{args.work_id} has no row: nothing to forget",
+            )
+            raise _Quiet()
+        if row["held"] and not args.held:
+            raise CommandError(
+                f"{args.work_id} is held by {row['holder_id']}: expire it first (or give --held "
+                "to delete a held row, fencing its holder)"
+            )
+        question = (
+            f"forget {args.work_id} (token {row['fencing_token']}, exit "
+            f"{row['exit_mode'] or '-'})? Its checkpoint is deleted for good"
+        )
+        if not _confirmed(args, question):
+            raise CommandError("not confirmed: nothing changed")
+        token = Token(
+            args.work_id, str(row["holder_id"]), int(row["fencing_token"]), datetime.now(UTC)
+        )
+        try:
+            backend.forget(token)
+        except LeaseLostError:
+            _print_result(
+                args,
+                {"work_id": args.work_id, "forgotten": False, "reason": "changed meanwhile"},
+                f"{args.work_id} changed since it was read: nothing deleted",
+            )
+            raise _Quiet() from None
+    _print_result(
+        args,
+        {"work_id": args.work_id, "forgotten": True, "fencing_token": row["fencing_token"]},
+        f"forgot {args.work_id} (token {row['fencing_token']})",
+    )
+
+
+def _web(args: argparse.Namespace) -> None:
+    try:
+        import uvicorn
+
+        from . import web
+    except ImportError as exc:
+        raise CommandError(str(exc)) from None
+    host, _, port_text = args.bind.rpartition(":")
+    host = host.strip("[]") or "127.0.0.1"
+    if not port_text.isdigit() or not 0 < int(port_text) < 65536:
+        raise CommandError(f"--bind takes HOST:PORT, got {args.bind!r}")
+    token = web._server.token_from_environment(args.auth_token)
+    web.check_bind(host, token)
+    codec = _codec(args.codec) if args.codec else None
+    hidden: tuple[str, ...] = ()
+
+    async def open_backend() -> Any:
+        if args.etcd:
+            from ._async.etcd import AsyncEtcdBackend
+
+            return AsyncEtcdBackend(args.etcd, prefix=args.prefix or "worklease/", timeout=5.0)
+        if args.redis:
+            from ._async.redis import AsyncRedisBackend
+
+            return AsyncRedisBackend.from_url(args.redis, prefix=args.prefix or "worklease:")
+        from ._async.postgres import AsyncPostgresBackend
+
+        backend = AsyncPostgresBackend.connect(
+            args.dsn, schema=args.schema, listen=False, max_size=2
+        )
+        await backend.pool.open()
+        return backend
+
+    if args.dsn:
+        from psycopg.conninfo import conninfo_to_dict
+
+        hidden = (str(conninfo_to_dict(args.dsn).get("password") or ""),)
+    elif args.redis:
+        from ._redis import parse_redis_url
+
+        hidden = (parse_redis_url(args.redis).password or "",)
+    application = web.app(
+        open_backend,
+        show_checkpoints=args.show_checkpoints,
+        allow_actions=args.allow_actions,
+        auth_token=token,
+        codec=codec,
+        label="PostgreSQL" if args.dsn else ("etcd" if args.etcd else "Redis"),
+        secrets_to_hide=hidden,
+    )
+    print(f"worklease web: serving on http://{args.bind} (Ctrl-C to stop)", file=sys.stderr)
+    uvicorn.run(application, host=host, port=int(port_text), log_level="warning")
+
+
+def _codec(spec: str) -> Any:
+    """``json`` (worklease's JSONCodec of plain values) or ``module:attribute``."""
+    from .codec import JSONCodec
+
+    if spec == "json":
+        return JSONCodec(object)
+    module_name, _, attribute = spec.partition(":")
+    if not module_name or not attribute:
+        raise CommandError(f"--codec takes json or module:attribute, got {spec!r}")
+    import importlib
+
+    try:
+        value = getattr(importlib.import_module(module_name), attribute)
+    except (ImportError, AttributeError) as exc:
+        raise CommandError(f"--codec {spec}: {exc}") from None
+    return value() if isinstance(value, type) else value
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="worklease",
+        allow_abbrev=False,
         description="Lease-based work coordination with checkpointed handoff. Commands that "
         "reach a database take --dsn, else $WORKLEASE_DSN, else $DATABASE_URL, else libpq's "
         "PG* variables.",
@@ -693,6 +876,86 @@ def _parser() -> argparse.ArgumentParser:
     check.add_argument("--json", action="store_true", help="print the report as JSON")
     check.add_argument("--strict", action="store_true", help="exit with status 1 on warnings too")
     check.set_defaults(handler=_check)
+
+    for name, handler, summary_text, description in (
+        (
+            "expire",
+            _expire,
+            "end a held lease now (its holder is fenced at its next write)",
+            "End the current grant of WORK_ID now: its token is replaced by a greater one "
+            "nobody holds, so the holder's next write is refused (fenced) and its work stops "
+            "there; the next acquire takes over and reads the last checkpoint with previous "
+            "exit expired. Asks for confirmation unless --yes. Exit status 1 when the work ID "
+            "is not held. Not offered on etcd.",
+        ),
+        (
+            "forget",
+            _forget,
+            "delete a lease row for good (its checkpoint with it)",
+            "Delete the row of WORK_ID (a retired one, typically): the next acquire starts "
+            "with no checkpoint and previous exit none, with a greater token. A held row is "
+            "refused unless --held (its holder is then fenced). Asks for confirmation unless "
+            "--yes. Exit status 1 when there is no row.",
+        ),
+    ):
+        command = commands.add_parser(
+            name, help=summary_text, description=description, allow_abbrev=False
+        )
+        command.add_argument("work_id", metavar="WORK_ID")
+        command.add_argument("--dsn", help=DSN_HELP)
+        command.add_argument("--schema", metavar="NAME", help="the schema holding the tables")
+        command.add_argument("--etcd", metavar="ENDPOINTS", help=ETCD_HELP)
+        command.add_argument(
+            "--etcd-prefix", metavar="PREFIX", default=None, help="etcd key prefix (worklease/)"
+        )
+        command.add_argument("--redis", metavar="URL", help=REDIS_HELP)
+        command.add_argument(
+            "--redis-prefix", metavar="PREFIX", default=None, help="Redis key prefix (worklease:)"
+        )
+        command.add_argument("--yes", action="store_true", help="do not ask for confirmation")
+        command.add_argument("--json", action="store_true", help="print the outcome as JSON")
+        if name == "forget":
+            command.add_argument(
+                "--held", action="store_true", help="also delete a held row (fencing its holder)"
+            )
+        command.set_defaults(handler=handler)
+
+    web_command = commands.add_parser(
+        "web",
+        help="serve the operator console (a live page of who holds what)",
+        description="Serve the operator console: an overview (leases by state, per holder, "
+        "expiring soon, handoffs per minute), the leases table (filters, sorting, paging) "
+        "and one page per lease, updating live; a JSON API (/api/leases, /api/summary) and "
+        "/healthz. Read-only unless --allow-actions (expire, forget; needs --auth-token). "
+        "Binding anything but loopback needs --auth-token (or $WORKLEASE_WEB_TOKEN). Needs "
+        "the web extra (Starlette, uvicorn).",
+        allow_abbrev=False,
+    )
+    web_command.add_argument("--dsn", help=DSN_HELP)
+    web_command.add_argument("--schema", metavar="NAME", help="the schema holding the tables")
+    web_command.add_argument("--etcd", metavar="ENDPOINTS", help=ETCD_HELP)
+    web_command.add_argument("--redis", metavar="URL", help=REDIS_HELP)
+    web_command.add_argument(
+        "--prefix", metavar="PREFIX", help="the etcd or Redis key prefix (worklease/, worklease:)"
+    )
+    web_command.add_argument(
+        "--bind", default="127.0.0.1:8080", metavar="HOST:PORT", help="default 127.0.0.1:8080"
+    )
+    web_command.add_argument(
+        "--auth-token", metavar="TOKEN", help="require this token (else $WORKLEASE_WEB_TOKEN)"
+    )
+    web_command.add_argument(
+        "--show-checkpoints",
+        action="store_true",
+        help="show checkpoints on a lease's page (they may hold private data)",
+    )
+    web_command.add_argument(
+        "--codec", metavar="json|MODULE:ATTR", help="decode shown checkpoints with this codec"
+    )
+    web_command.add_argument(
+        "--allow-actions", action="store_true", help="offer expire and forget (needs a token)"
+    )
+    web_command.set_defaults(handler=_web)
     return parser
 
 

@@ -1,0 +1,444 @@
+# ruff: noqa: E501  (HTML and messages read better unwrapped)
+"""The operator console's ASGI application (Starlette): a background reader keeps one
+snapshot of the lease rows (every ``refresh`` seconds, through the backend's public
+``rows()``), the pages and the JSON API filter, sort and page that snapshot, and the actions
+call the backend's ``expire`` and ``forget``."""
+
+from __future__ import annotations
+
+import asyncio  # noqa: TID251 (the console runs on Starlette: asyncio only, no sync twin)
+import contextlib
+import ipaddress
+import logging
+import os
+import secrets
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from datetime import UTC, datetime
+from importlib import resources
+from typing import Any
+from urllib.parse import parse_qs, quote
+
+from starlette.applications import Starlette
+from starlette.middleware import Middleware
+from starlette.requests import Request
+from starlette.responses import (
+    HTMLResponse,
+    JSONResponse,
+    PlainTextResponse,
+    RedirectResponse,
+    Response,
+)
+from starlette.routing import Route
+
+from .._failures import first_line
+from .._models import Token
+from ..codec import Codec
+from ..errors import ConfigError, LeaseLostError
+from ._view import (
+    SECURITY_HEADERS,
+    Handoffs,
+    LeaseRow,
+    Query,
+    checkpoint_views,
+    csrf_matches,
+    csrf_token,
+    lease_body,
+    lease_href,
+    lease_rows,
+    leases_body,
+    login_body,
+    overview_body,
+    page,
+    session_value,
+    summary,
+    token_matches,
+)
+
+logger = logging.getLogger("worklease.web")
+
+SESSION_COOKIE = "worklease_session"
+TOKEN_ENV = "WORKLEASE_WEB_TOKEN"
+EXPIRE_NOTE = (
+    "ends the lease now: its holder is fenced at its next write (its work stops there) and "
+    "the next acquire takes over, reading the last checkpoint"
+)
+FORGET_NOTE = "deletes the retired row for good: the next acquire starts with no checkpoint"
+
+
+class Snapshot:
+    """The lease rows as last read, with when, and what went wrong reading them."""
+
+    def __init__(self) -> None:
+        self.rows: list[LeaseRow] = []
+        self.by_id: dict[str, LeaseRow] = {}
+        self.seen_at = 0.0
+        self.error: str | None = None
+        self.handoffs = Handoffs()
+        self.ready = asyncio.Event()
+
+
+def check_bind(host: str, auth_token: str | None) -> None:
+    """Refuse a non-loopback bind without authentication (anyone who can reach it would see
+    every lease)."""
+    if auth_token:
+        return
+    try:
+        loopback = ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        loopback = host == "localhost"
+    if not loopback:
+        raise ConfigError(
+            f"refusing to serve on {host} without authentication: anyone who can reach it "
+            f"would see every lease; give --auth-token TOKEN (or set {TOKEN_ENV}), or bind "
+            "127.0.0.1"
+        )
+
+
+def app(
+    backend: Any,
+    *,
+    show_checkpoints: bool = False,
+    allow_actions: bool = False,
+    auth_token: str | None = None,
+    codec: Codec[Any] | None = None,
+    refresh: float = 0.5,
+    label: str | None = None,
+    secrets_to_hide: tuple[str, ...] = (),
+) -> Starlette:
+    """The operator console as an ASGI application, to serve or mount.
+
+    ``backend``: an asyncio backend (``AsyncPostgresBackend``, ``AsyncEtcdBackend``,
+    ``AsyncRedisBackend``, ``AsyncMemoryBackend``), or an async callable returning one (it is
+    then opened when the application starts and closed when it stops). The console reads it
+    only through ``rows()`` (the memory backend: its row snapshots), ``read_checkpoint`` for
+    ``show_checkpoints`` (decoded through ``codec`` when given) and, with ``allow_actions``,
+    ``expire`` and ``forget``. ``auth_token``: every page but ``/healthz`` then needs it
+    (a sign-in form sets a session cookie; scripts send ``Authorization: Bearer TOKEN``);
+    ``allow_actions`` requires it. ``refresh``: seconds between two reads of the rows.
+    """
+    if allow_actions and not auth_token:
+        raise ConfigError(
+            f"--allow-actions needs --auth-token (or {TOKEN_ENV}): every action is authorized by it"
+        )
+    if not (0.05 <= float(refresh) <= 60):
+        raise ConfigError(f"refresh must be between 0.05 and 60 seconds, got {refresh!r}")
+    state: dict[str, Any] = {"backend": None}
+    snapshot = Snapshot()
+    secret = secrets.token_bytes(32)
+    hidden = tuple(s for s in secrets_to_hide if s)
+
+    def scrub(text: str) -> str:
+        for value in hidden:
+            text = text.replace(value, "***")
+        return text
+
+    def kind_of(current: Any) -> str:
+        return label or type(current).__name__.removeprefix("Async").removesuffix("Backend")
+
+    async def read_rows() -> None:
+        current = state["backend"]
+        try:
+            raw = current.rows()
+            if asyncio.iscoroutine(raw):
+                raw = await raw
+            rows = lease_rows(raw, datetime.now(UTC))
+        except Exception as exc:  # shown on the pages; the reader goes on
+            snapshot.error = scrub(
+                f"reading the leases failed: {type(exc).__name__}: {first_line(exc)}"
+            )
+            logger.warning("worklease web: %s", snapshot.error)
+            return
+        snapshot.rows, snapshot.by_id = rows, {row.work_id: row for row in rows}
+        snapshot.seen_at = time.time()
+        snapshot.error = None
+        snapshot.handoffs.observe(rows, snapshot.seen_at)
+        snapshot.ready.set()
+
+    async def reader() -> None:
+        while True:
+            await read_rows()
+            await asyncio.sleep(refresh)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_: Starlette) -> AsyncIterator[None]:
+        opened = None
+        if callable(backend) and not hasattr(backend, "acquire"):
+            opened = await backend()
+            state["backend"] = opened
+        else:
+            state["backend"] = backend
+        await read_rows()
+        task = asyncio.create_task(reader(), name="worklease-web-reader")
+        try:
+            yield
+        finally:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+            if opened is not None:
+                await opened.close()
+
+    def session_of(request: Request) -> str | None:
+        if not auth_token:
+            return None
+        cookie = request.cookies.get(SESSION_COOKIE)
+        if cookie and token_matches(session_value(secret, auth_token), cookie):
+            return cookie
+        return None
+
+    def authorized(request: Request) -> bool:
+        if not auth_token:
+            return True
+        header = request.headers.get("authorization", "")
+        if header.lower().startswith("bearer ") and token_matches(auth_token, header[7:].strip()):
+            return True
+        return session_of(request) is not None
+
+    def secured(response: Response) -> Response:
+        for name, value in SECURITY_HEADERS.items():
+            response.headers[name] = value
+        return response
+
+    def html(request: Request, title: str, body: str, *, nav: str = "", status: int = 200,
+             live: bool = True) -> Response:  # fmt: skip
+        if request.headers.get("x-worklease-partial") == "1":
+            return secured(HTMLResponse(body, status_code=status))
+        text = page(title, body, nav=nav, backend=kind_of(state["backend"]), live=live,
+                    logged_in=session_of(request) is not None)  # fmt: skip
+        return secured(HTMLResponse(text, status_code=status))
+
+    def guarded(
+        handler: Callable[[Request], Awaitable[Response]],
+    ) -> Callable[[Request], Awaitable[Response]]:
+        async def run(request: Request) -> Response:
+            if not authorized(request):
+                if request.url.path.startswith("/api/") or request.method != "GET":
+                    return secured(
+                        JSONResponse({"error": "authentication required"}, status_code=401)
+                    )
+                target = "/login?next=" + quote(
+                    request.url.path + ("?" + request.url.query if request.url.query else ""),
+                    safe="",
+                )
+                return secured(RedirectResponse(target, status_code=303))
+            return await handler(request)
+
+        return run
+
+    async def overview(request: Request) -> Response:
+        now = time.time()
+        figures = summary(snapshot.rows, snapshot.handoffs, now, snapshot.seen_at or now)
+        return html(request, "Overview", overview_body(figures, snapshot.error), nav="overview")
+
+    async def leases(request: Request) -> Response:
+        try:
+            query = Query.parse(request.query_params)
+        except ValueError as exc:
+            return html(request, "Leases", f'<p class="error" role="alert">{exc}</p>', status=400)
+        selected = query.select(snapshot.rows)
+        shown, pages = query.paged(selected)
+        now = time.time()
+        body = leases_body(
+            query, shown, len(selected), pages, now, snapshot.seen_at or now, snapshot.error
+        )
+        return html(request, "Leases", body, nav="leases")
+
+    async def lease(request: Request) -> Response:
+        work_id = request.path_params["work_id"]
+        row = snapshot.by_id.get(work_id)
+        views = None
+        if show_checkpoints and row is not None:
+            views = await checkpoint_of(row)
+        actions: dict[str, str] = {}
+        if allow_actions and row is not None:
+            if row.state == "held" and callable(getattr(state["backend"], "expire", None)):
+                actions["expire"] = EXPIRE_NOTE
+            if row.state == "retired":
+                actions["forget"] = FORGET_NOTE
+        session = session_of(request)
+        csrf = csrf_token(secret, session) if session else None
+        now = time.time()
+        notice = request.query_params.get("done")
+        body = lease_body(row, work_id, views, actions, csrf, now, snapshot.seen_at or now, notice)
+        return html(request, work_id, body, nav="leases", live=not actions)
+
+    async def checkpoint_of(row: LeaseRow) -> list[tuple[str, str]]:
+        current = state["backend"]
+        token = Token(row.work_id, row.holder_id, row.fencing_token, datetime.now(UTC))
+        try:
+            read = await current.read_checkpoint(token)
+        except LeaseLostError:
+            return [("checkpoint", "changed since the last read: reload")]
+        except Exception as exc:
+            return [("checkpoint", scrub(f"not read: {type(exc).__name__}: {first_line(exc)}"))]
+        decoded = None
+        if codec is not None and read.state is not None:
+            try:
+                decoded = repr(codec.decode(read.state))
+            except Exception as exc:
+                decoded = f"the codec could not decode it: {type(exc).__name__}: {first_line(exc)}"
+        return checkpoint_views(read.state, decoded)
+
+    async def act(request: Request) -> Response:
+        if not allow_actions:
+            return secured(
+                PlainTextResponse(
+                    "actions are off: start the console with --allow-actions", status_code=403
+                )
+            )
+        work_id, action = request.path_params["work_id"], request.path_params["action"]
+        form = await form_of(request)
+        bearer = request.headers.get("authorization", "")
+        by_header = bearer.lower().startswith("bearer ") and token_matches(
+            auth_token, bearer[7:].strip()
+        )
+        session = session_of(request)
+        if not by_header and not csrf_matches(secret, session, str(form.get("csrf") or "")):
+            return secured(
+                PlainTextResponse(
+                    "refused: a missing or wrong CSRF token (reload the page)", status_code=403
+                )
+            )
+        row = snapshot.by_id.get(work_id)
+        seen = str(form.get("token") or "")
+        if row is None or str(row.fencing_token) != seen:
+            return secured(
+                PlainTextResponse(
+                    "refused: the lease changed since the page was read (reload it)",
+                    status_code=409,
+                )
+            )
+        current = state["backend"]
+        who = f"{request.client.host if request.client else '?'} ({'token' if by_header else 'session'})"
+        when = datetime.now(UTC).isoformat(timespec="seconds")
+        if action == "expire":
+            expire = getattr(current, "expire", None)
+            if not callable(expire):
+                return secured(
+                    PlainTextResponse(
+                        f"refused: the {kind_of(current)} backend offers no expire", status_code=409
+                    )
+                )
+            done = await expire(work_id)
+            message = (
+                f"expired {work_id} (token {row.fencing_token}, holder {row.holder_id}): the holder is fenced at its next write"
+                if done
+                else f"{work_id} was not held any more: nothing changed"
+            )
+        elif action == "forget":
+            if row.state != "retired":
+                return secured(
+                    PlainTextResponse(
+                        "refused: only a retired row is forgotten here", status_code=409
+                    )
+                )
+            token = Token(work_id, row.holder_id, row.fencing_token, datetime.now(UTC))
+            try:
+                await current.forget(token)
+                message = f"forgot {work_id} (token {row.fencing_token})"
+            except LeaseLostError:
+                message = f"{work_id} changed since it was read: nothing deleted"
+        else:
+            return secured(PlainTextResponse("no such action", status_code=404))
+        logger.warning(
+            "worklease web: action %s on %r by %s at %s: %s", action, work_id, who, when, message
+        )
+        await read_rows()
+        return secured(
+            RedirectResponse(lease_href(work_id) + "?done=" + quote(message), status_code=303)
+        )
+
+    async def api_leases(request: Request) -> Response:
+        try:
+            query = Query.parse(request.query_params)
+        except ValueError as exc:
+            return secured(JSONResponse({"error": str(exc)}, status_code=400))
+        now = time.time()
+        rows = [row.as_json(now, snapshot.seen_at or now) for row in query.select(snapshot.rows)]
+        return secured(JSONResponse(rows))
+
+    async def api_summary(request: Request) -> Response:
+        now = time.time()
+        figures = summary(snapshot.rows, snapshot.handoffs, now, snapshot.seen_at or now)
+        figures["error"] = snapshot.error
+        return secured(JSONResponse(figures))
+
+    async def healthz(request: Request) -> Response:
+        healthy = snapshot.error is None and snapshot.ready.is_set()
+        age = round(time.time() - snapshot.seen_at, 3) if snapshot.seen_at else None
+        body = {"ok": healthy, "read_age_seconds": age, "error": snapshot.error}
+        return secured(JSONResponse(body, status_code=200 if healthy else 503))
+
+    async def login(request: Request) -> Response:
+        if not auth_token:
+            return secured(RedirectResponse("/", status_code=303))
+        next_path = request.query_params.get("next") or "/"
+        if request.method == "GET":
+            return html(request, "Sign in", login_body(None, next_path), live=False)
+        form = await form_of(request)
+        next_path = str(form.get("next") or "/")
+        if not next_path.startswith("/") or next_path.startswith("//"):
+            next_path = "/"
+        if not token_matches(auth_token, str(form.get("token") or "")):
+            logger.warning(
+                "worklease web: a sign-in with a wrong token from %s",
+                request.client.host if request.client else "?",
+            )
+            return html(
+                request, "Sign in", login_body("wrong token", next_path), status=401, live=False
+            )
+        response = RedirectResponse(next_path, status_code=303)
+        response.set_cookie(
+            SESSION_COOKIE,
+            session_value(secret, auth_token),
+            httponly=True,
+            samesite="strict",
+            secure=request.url.scheme == "https",
+        )
+        return secured(response)
+
+    async def logout(request: Request) -> Response:
+        response = RedirectResponse("/login" if auth_token else "/", status_code=303)
+        response.delete_cookie(SESSION_COOKIE)
+        return secured(response)
+
+    async def static(request: Request) -> Response:
+        name = request.path_params["name"]
+        if name not in ("console.js", "console.css"):
+            return secured(PlainTextResponse("not found", status_code=404))
+        text = resources.files("worklease.web").joinpath("static", name).read_text(encoding="utf-8")
+        kind = "text/javascript" if name.endswith(".js") else "text/css"
+        response = Response(text, media_type=kind)
+        secured(response)
+        response.headers["Cache-Control"] = "no-cache"
+        return response
+
+    routes = [
+        Route("/", guarded(overview)),
+        Route("/leases", guarded(leases)),
+        Route("/lease/{work_id:path}/{action:str}", guarded(act), methods=["POST"]),
+        Route("/lease/{work_id:path}", guarded(lease)),
+        Route("/api/leases", guarded(api_leases)),
+        Route("/api/summary", guarded(api_summary)),
+        Route("/healthz", healthz),
+        Route("/login", login, methods=["GET", "POST"]),
+        Route("/logout", logout, methods=["POST"]),
+        Route("/static/{name}", static),
+    ]
+    middleware: list[Middleware] = []
+    return Starlette(routes=routes, lifespan=lifespan, middleware=middleware)
+
+
+async def form_of(request: Request) -> dict[str, str]:
+    """An urlencoded form body (the console's forms send nothing else; no multipart parser
+    is needed); at most 64 KiB."""
+    body = await request.body()
+    if len(body) > 65536:
+        return {}
+    parsed = parse_qs(body.decode("utf-8", errors="replace"), keep_blank_values=True)
+    return {key: values[-1] for key, values in parsed.items()}
+
+
+def token_from_environment(given: str | None) -> str | None:
+    return given or os.environ.get(TOKEN_ENV) or None
