@@ -52,7 +52,7 @@ def docs(session: nox.Session) -> None:
     """The documentation site (Sphinx + furo + MyST) -> docs/_build/html, warnings as
     errors. The API pages import every public name, the etcd backend's too: its extra is
     installed with the docs group."""
-    session.install("-e", ".[etcd,redis]", *group("docs"))
+    session.install("-e", ".[etcd,redis,web]", *group("docs"))
     session.run(
         "sphinx-build",
         "-W",

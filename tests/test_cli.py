@@ -5,12 +5,14 @@ from __future__ import annotations
 import importlib.metadata
 import json
 import os
+import pty
+import select
 import signal
 import subprocess
 import sys
 from datetime import UTC, datetime
 from pathlib import Path
-from time import sleep
+from time import monotonic, sleep
 from typing import Any
 
 import pytest
@@ -510,7 +512,7 @@ def test_dsn_comes_from_the_flag_then_the_environment(
     assert f"dbname={reached}" in result.stderr, result.stderr
 
 
-def test_status_watch_redraws_in_place_until_interrupted(postgres_dsn: str) -> None:
+def test_status_watch_prints_plain_frames_into_a_pipe(postgres_dsn: str) -> None:
     _make_rows(postgres_dsn)
     process = subprocess.Popen(
         [str(CONSOLE_SCRIPT), "status", "--dsn", postgres_dsn, "--watch", "100ms"],
@@ -524,12 +526,43 @@ def test_status_watch_redraws_in_place_until_interrupted(postgres_dsn: str) -> N
         process.send_signal(signal.SIGINT)
         out, err = process.communicate(timeout=30)
     assert process.returncode == 0, err
-    frames = out.split("\x1b[H\x1b[2J")[1:]
-    assert len(frames) >= 2, out  # drawn more than once, each time from the top
+    assert "\x1b" not in out  # no terminal codes in a pipe or a log
+    frames = out.split("every 100ms, ")[1:]
+    assert len(frames) >= 2, out
     for frame in frames[:-1]:  # the last may be cut short by the interrupt
-        assert frame.startswith("every 100ms, "), frame
         assert "held-1" in frame
     assert "Traceback" not in err
+
+
+def test_status_watch_redraws_in_place_on_a_terminal(postgres_dsn: str) -> None:
+    _make_rows(postgres_dsn)
+    leader, follower = pty.openpty()
+    process = subprocess.Popen(
+        [str(CONSOLE_SCRIPT), "status", "--dsn", postgres_dsn, "--watch", "100ms"],
+        stdout=follower,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    os.close(follower)
+    seen = b""
+    deadline = monotonic() + 20
+    try:
+        while seen.count(b"\x1b[H\x1b[2J") < 3 and monotonic() < deadline:
+            ready, _, _ = select.select([leader], [], [], 0.5)
+            if ready:
+                try:
+                    seen += os.read(leader, 65536)
+                except OSError:
+                    break
+    finally:
+        process.send_signal(signal.SIGINT)
+        _, err = process.communicate(timeout=30)
+        os.close(leader)
+    assert process.returncode == 0, err
+    frames = seen.decode(errors="replace").split("\x1b[H\x1b[2J")[1:]
+    assert len(frames) >= 2, seen  # drawn more than once, each time from the top
+    assert frames[0].startswith("every 100ms, ")
+    assert "held-1" in frames[0]
 
 
 def test_status_watch_refuses_json() -> None:
@@ -701,3 +734,72 @@ def test_etcd_and_dsn_flags_do_not_mix() -> None:
     assert unreachable.returncode == 1
     assert len(unreachable.stderr.strip().splitlines()) == 1
     assert "no etcd member answered" in unreachable.stderr
+
+
+@pytest.mark.postgres
+def test_expire_and_forget_from_the_command_line(postgres_dsn: str) -> None:
+    pg.reset(postgres_dsn)
+    with worklease.PostgresBackend.connect(postgres_dsn, max_size=1) as backend:
+        held = backend.acquire("job-held", "worker-a", 60.0)
+        backend.checkpoint(held, b"progress", 60.0)
+        retired = backend.acquire("job-retired", "worker-b", 60.0)
+        backend.release(retired, ExitMode.RETIRED)
+        unasked = run("expire", "job-held", "--dsn", postgres_dsn)  # no terminal, no --yes
+        assert unasked.returncode == 1
+        assert (
+            unasked.stderr.strip() == "worklease expire: not a terminal to confirm on: give --yes"
+        )
+        backend.renew(held, 60.0)  # untouched
+        expired = run("expire", "job-held", "--dsn", postgres_dsn, "--yes", "--json")
+        assert expired.returncode == 0, expired.stderr
+        assert json.loads(expired.stdout) == {
+            "work_id": "job-held", "expired": True, "holder_id": "worker-a",
+            "fencing_token": held.fencing_token,
+        }  # fmt: skip
+        with pytest.raises(worklease.FencedError):
+            backend.checkpoint(held, b"zombie", 60.0)
+        again = run("expire", "job-held", "--dsn", postgres_dsn, "--yes")
+        assert again.returncode == 1
+        assert again.stdout.strip() == "job-held is not held: nothing to expire"
+        refused = run("forget", "job-missing", "--dsn", postgres_dsn, "--yes")
+        assert refused.returncode == 1
+        taken = backend.acquire("job-held", "worker-c", 60.0)
+        busy = run("forget", "job-held", "--dsn", postgres_dsn, "--yes")
+        assert busy.returncode == 1
+        assert "is held by worker-c: expire it first" in busy.stderr
+        backend.renew(taken, 60.0)
+        forgot = run("forget", "job-retired", "--dsn", postgres_dsn, "--yes")
+        assert forgot.returncode == 0, forgot.stderr
+        assert forgot.stdout.strip() == f"forgot job-retired (token {retired.fencing_token})"
+        assert [r["work_id"] for r in backend.rows()] == ["job-held"]
+
+
+@pytest.mark.postgres
+def test_sweep_and_migrate_print_json(postgres_dsn: str) -> None:
+    swept = run("sweep", "--dsn", postgres_dsn, "--retention", "7d", "--json")
+    assert swept.returncode == 0, swept.stderr
+    assert json.loads(swept.stdout) == {"deleted": 0, "retention": "7d", "include_expired": False}
+    dry = json.loads(run("sweep", "--dsn", postgres_dsn, "--retention", "7d", "--dry-run",
+                         "--json").stdout)  # fmt: skip
+    assert dry["would_delete"] == 0
+    migrated = run("migrate", "--dsn", postgres_dsn, "--json")
+    assert migrated.returncode == 0, migrated.stderr
+    document = json.loads(migrated.stdout)
+    assert (document["changed"], document["steps"], document["created"]) == (False, [], False)
+    checked = json.loads(run("migrate", "--dsn", postgres_dsn, "--check", "--json").stdout)
+    assert checked["current"] is True
+    assert checked["version"] == checked["current_version"]
+    both = run("migrate", "--dsn", postgres_dsn, "--sql", "--json")
+    assert both.returncode == 1
+    assert "does not go with --json" in both.stderr
+
+
+def test_abbreviated_options_are_refused() -> None:
+    """argparse would take --ret for --retention silently; here it is a usage error."""
+    short = run("sweep", "--dsn", "host=127.0.0.1 port=1", "--ret", "7d")
+    assert short.returncode == 2
+    assert (
+        "unrecognized arguments: --ret" in short.stderr or "required: --retention" in short.stderr
+    )
+    top = run("--vers")
+    assert top.returncode == 2

@@ -13,7 +13,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 DESCRIPTION = ROOT / "docs" / "package-description.md"
-PUBLIC_EXTRAS = {"binary", "etcd", "otel", "prometheus", "redis"}
+PUBLIC_EXTRAS = {"binary", "etcd", "otel", "prometheus", "redis", "web"}
 
 builders = pytest.importorskip("hatchling.builders.sdist")
 wheel_builders = pytest.importorskip("hatchling.builders.wheel")
@@ -49,6 +49,9 @@ def test_the_wheel_offers_only_the_public_extras_and_the_package_description(
     with zipfile.ZipFile(wheel) as archive:
         [metadata_name] = [n for n in archive.namelist() if n.endswith(".dist-info/METADATA")]
         metadata = Parser().parsestr(archive.read(metadata_name).decode())
+        names = set(archive.namelist())
+    # the console's script and styles ship inside the package (served from it)
+    assert {"worklease/web/static/console.js", "worklease/web/static/console.css"} <= names
     assert set(metadata.get_all("Provides-Extra") or []) == PUBLIC_EXTRAS
     requirements = " ".join(metadata.get_all("Requires-Dist") or [])
     for benchmark_only in ("matplotlib", "pals", "dbos", "SQLAlchemy"):

@@ -181,7 +181,7 @@ def test_the_overview_and_table_show_a_running_pool(dsn: str, page: Page) -> Non
         expect(page.locator('tr[data-work-id="job-0"] td').nth(1)).to_have_text("worker-a")
         expect(page.locator('tr[data-work-id="task-2"] .state')).to_have_text("held")
         shoot(page, "leases")
-        page.locator('a[href="/lease/job-1"]').click()
+        page.locator('a[href="lease/job-1"]').click()
         expect(page.locator("h1")).to_have_text("job-1")
         expect(page.locator(".hidden-note")).to_contain_text("--show-checkpoints")
 
@@ -353,3 +353,28 @@ def test_ten_thousand_leases_render_their_first_page(dsn: str, page: Page) -> No
             f"10,000 leases: first page in {[round(t, 3) for t in timings]} s (Playwright "
             f"goto to rows), load event at {loaded['loadEventEnd']:.0f} ms"
         )
+
+
+def test_the_console_mounted_inside_another_application_links_under_its_path() -> None:
+    """Mounted (a mounted application's lifespan does not run): the reader starts at the
+    first request, and every link, form and redirect stays under the mount path."""
+    from starlette.applications import Starlette
+    from starlette.routing import Mount
+    from starlette.testclient import TestClient
+
+    from worklease import AsyncMemoryBackend
+
+    memory = AsyncMemoryBackend()
+    outer = Starlette(routes=[Mount("/ops", app=app(memory, auth_token="tok-123456"))])
+    with TestClient(outer) as client:
+        first = client.get("/ops/leases", follow_redirects=False)
+        assert first.status_code == 303
+        assert first.headers["location"] == "/ops/login?next=%2Fleases"
+        signed = client.post("/ops/login", data={"token": "tok-123456", "next": "/leases"},
+                             follow_redirects=False)  # fmt: skip
+        assert signed.headers["location"] == "/ops/leases"
+        body = client.get("/ops/leases").text
+        assert '<base href="/ops/">' in body
+        assert 'href="leases?' in body
+        assert client.get("/ops/static/console.js").status_code == 200
+        assert client.get("/ops/healthz").json()["ok"] is True

@@ -130,6 +130,8 @@ def reached(conn: psycopg.Connection[Any]) -> str:
 
 def _migrate(args: argparse.Namespace) -> None:
     schema = args.schema
+    if args.sql and args.json:
+        raise CommandError("--sql prints SQL: it does not go with --json")
     if args.sql and args.from_version is not None:  # offline: no database needed
         sys.stdout.write(pending_sql(args.from_version, schema))
         return
@@ -147,16 +149,25 @@ def _migrate(args: argparse.Namespace) -> None:
                 if args.sql:
                     sys.stdout.write(pending_sql(state.version, schema or state.namespace))
                     return
+                report = {
+                    "schema": schema or state.namespace,
+                    "exists": state.exists,
+                    "version": state.version,
+                    "current_version": CURRENT_VERSION,
+                    "current": state.current,
+                }
                 if state.current:
-                    print(f"the worklease schema in {where_(state)} is at {state.describe()}")
-                    return
-                if not state.exists:
-                    print(f"no {TABLE} table in {where_(state)}: `worklease migrate` creates it")
+                    text = f"the worklease schema in {where_(state)} is at {state.describe()}"
+                elif not state.exists:
+                    text = f"no {TABLE} table in {where_(state)}: `worklease migrate` creates it"
                 else:
-                    print(
+                    text = (
                         f"the worklease schema in {where_(state)} is behind: "
                         f"{state.describe()}; run `worklease migrate`"
                     )
+                _print_result(args, report, text)
+                if state.current:
+                    return
                 raise _Quiet
             before = migrate_table(conn, schema, "migrate")
     except psycopg.Error as exc:
@@ -164,18 +175,28 @@ def _migrate(args: argparse.Namespace) -> None:
             f"migrate failed on {describe_target(args.dsn)}: {first_line(exc)}"
         ) from exc
     where = where_(before)
+    ran = [] if before.current or not before.exists else steps()[before.version :]
     if before.current:
-        print(f"the worklease schema in {where} is at {before.describe()}; nothing to do")
+        text = f"the worklease schema in {where} is at {before.describe()}; nothing to do"
     elif not before.exists:
-        print(f"created the worklease schema (version {CURRENT_VERSION}) in {where}")
+        text = f"created the worklease schema (version {CURRENT_VERSION}) in {where}"
     elif before.version == CURRENT_VERSION:
-        print(f"recorded schema version {CURRENT_VERSION} on the table in {where}")
+        text = f"recorded schema version {CURRENT_VERSION} on the table in {where}"
     else:
-        done = ", ".join(f"step {s.version} ({s.title})" for s in steps()[before.version :])
-        print(
+        done = ", ".join(f"step {s.version} ({s.title})" for s in ran)
+        text = (
             f"upgraded the worklease schema in {where} from version {before.version} "
             f"to {CURRENT_VERSION}: {done}"
         )
+    report = {
+        "schema": schema or before.namespace,
+        "created": not before.exists,
+        "from_version": before.version if before.exists else None,
+        "version": CURRENT_VERSION,
+        "steps": [{"version": step.version, "title": step.title} for step in ran],
+        "changed": not before.current,
+    }
+    _print_result(args, report, text)
 
 
 def _connect(dsn: str) -> psycopg.Connection[tuple[Any, ...]]:
@@ -234,7 +255,8 @@ def _status(args: argparse.Namespace) -> None:
         raise CommandError(f"--watch interval must be positive, got {watch!r}")
     try:
         while True:
-            sys.stdout.write(CLEAR_SCREEN)
+            if sys.stdout.isatty():  # redrawn in place on a terminal; plain frames otherwise
+                sys.stdout.write(CLEAR_SCREEN)
             stamp = datetime.now(UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
             print(f"every {watch}, {stamp} (Ctrl-C to stop)\n")
             _status_once(args)
@@ -441,7 +463,15 @@ def _sweep(args: argparse.Namespace) -> None:
             )
         with _store_backend(args) as backend:
             count = backend.sweep(retention, bool(args.include_expired))
-        print(f"deleted {count} {kinds} work ID(s) not updated for {args.retention}")
+        _print_result(
+            args,
+            {
+                "deleted": count,
+                "retention": args.retention,
+                "include_expired": args.include_expired,
+            },
+            f"deleted {count} {kinds} work ID(s) not updated for {args.retention}",
+        )
         return
     statements = Statements(args.schema)
     params = {
@@ -452,7 +482,12 @@ def _sweep(args: argparse.Namespace) -> None:
         if args.dry_run:
             rows, _ = _query(conn, "sweep", statements.count_sweepable, params)
             count = int(rows[0][0]) if rows else 0
-            print(f"would delete {count} {kinds} row(s) not updated for {args.retention}")
+            _print_result(
+                args,
+                {"would_delete": count, "retention": args.retention,
+                 "include_expired": args.include_expired},
+                f"would delete {count} {kinds} row(s) not updated for {args.retention}",
+            )  # fmt: skip
         else:
             # In batches, as the backend sweeps (each its own autocommit statement).
             count = 0
@@ -462,7 +497,15 @@ def _sweep(args: argparse.Namespace) -> None:
                 rows, _ = _query(conn, "sweep", statements.sweep, {**params, **window})
                 deleted, after = statements.swept(rows)
                 count += deleted
-            print(f"deleted {count} {kinds} row(s) not updated for {args.retention}")
+            _print_result(
+                args,
+                {
+                    "deleted": count,
+                    "retention": args.retention,
+                    "include_expired": args.include_expired,
+                },
+                f"deleted {count} {kinds} row(s) not updated for {args.retention}",
+            )
 
 
 def _check(args: argparse.Namespace) -> None:
@@ -745,6 +788,9 @@ def _parser() -> argparse.ArgumentParser:
         help=f"with --sql: the SQL from this version (0: no table) to {CURRENT_VERSION}, "
         "without a database",
     )
+    migrate.add_argument(
+        "--json", action="store_true", help="print the outcome as JSON (not with --sql)"
+    )
     migrate.set_defaults(handler=_migrate)
 
     status = commands.add_parser(
@@ -815,6 +861,7 @@ def _parser() -> argparse.ArgumentParser:
     sweep.add_argument(
         "--dry-run", action="store_true", help="only count the rows that would be deleted"
     )
+    sweep.add_argument("--json", action="store_true", help="print the outcome as JSON")
     sweep.set_defaults(handler=_sweep)
 
     check = commands.add_parser(
@@ -956,6 +1003,8 @@ def _parser() -> argparse.ArgumentParser:
         "--allow-actions", action="store_true", help="offer expire and forget (needs a token)"
     )
     web_command.set_defaults(handler=_web)
+    for subcommand in commands.choices.values():  # --sche is not taken for --schema silently
+        subcommand.allow_abbrev = False
     return parser
 
 

@@ -160,22 +160,35 @@ def app(
             await read_rows()
             await asyncio.sleep(refresh)
 
+    starting = asyncio.Lock()
+
+    async def start() -> None:
+        """Open the backend (when given a factory) and start the reader, once: at the
+        application's startup, or at its first request when mounted inside another
+        application (a mounted application's lifespan does not run)."""
+        async with starting:
+            if state["backend"] is not None:
+                return
+            if callable(backend) and not hasattr(backend, "acquire"):
+                state["opened"] = await backend()
+                state["backend"] = state["opened"]
+            else:
+                state["backend"] = backend
+            await read_rows()
+            state["reader"] = asyncio.create_task(reader(), name="worklease-web-reader")
+
     @contextlib.asynccontextmanager
     async def lifespan(_: Starlette) -> AsyncIterator[None]:
-        opened = None
-        if callable(backend) and not hasattr(backend, "acquire"):
-            opened = await backend()
-            state["backend"] = opened
-        else:
-            state["backend"] = backend
-        await read_rows()
-        task = asyncio.create_task(reader(), name="worklease-web-reader")
+        await start()
         try:
             yield
         finally:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+            task = state.get("reader")
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+            opened = state.get("opened")
             if opened is not None:
                 await opened.close()
 
@@ -205,21 +218,28 @@ def app(
         if request.headers.get("x-worklease-partial") == "1":
             return secured(HTMLResponse(body, status_code=status))
         text = page(title, body, nav=nav, backend=kind_of(state["backend"]), live=live,
-                    logged_in=session_of(request) is not None)  # fmt: skip
+                    logged_in=session_of(request) is not None, root=root_of(request))  # fmt: skip
         return secured(HTMLResponse(text, status_code=status))
 
     def guarded(
         handler: Callable[[Request], Awaitable[Response]],
     ) -> Callable[[Request], Awaitable[Response]]:
         async def run(request: Request) -> Response:
+            if state["backend"] is None:
+                await start()
             if not authorized(request):
-                if request.url.path.startswith("/api/") or request.method != "GET":
+                here = route_path(request)
+                if here.startswith("/api/") or request.method != "GET":
                     return secured(
                         JSONResponse({"error": "authentication required"}, status_code=401)
                     )
-                target = "/login?next=" + quote(
-                    request.url.path + ("?" + request.url.query if request.url.query else ""),
-                    safe="",
+                target = (
+                    root_of(request)
+                    + "/login?next="
+                    + quote(
+                        here + ("?" + request.url.query if request.url.query else ""),
+                        safe="",
+                    )
                 )
                 return secured(RedirectResponse(target, status_code=303))
             return await handler(request)
@@ -346,7 +366,10 @@ def app(
         )
         await read_rows()
         return secured(
-            RedirectResponse(lease_href(work_id) + "?done=" + quote(message), status_code=303)
+            RedirectResponse(
+                root_of(request) + "/" + lease_href(work_id) + "?done=" + quote(message),
+                status_code=303,
+            )
         )
 
     async def api_leases(request: Request) -> Response:
@@ -372,7 +395,7 @@ def app(
 
     async def login(request: Request) -> Response:
         if not auth_token:
-            return secured(RedirectResponse("/", status_code=303))
+            return secured(RedirectResponse(root_of(request) + "/", status_code=303))
         next_path = request.query_params.get("next") or "/"
         if request.method == "GET":
             return html(request, "Sign in", login_body(None, next_path), live=False)
@@ -388,7 +411,7 @@ def app(
             return html(
                 request, "Sign in", login_body("wrong token", next_path), status=401, live=False
             )
-        response = RedirectResponse(next_path, status_code=303)
+        response = RedirectResponse(root_of(request) + next_path, status_code=303)
         response.set_cookie(
             SESSION_COOKIE,
             session_value(secret, auth_token),
@@ -399,7 +422,9 @@ def app(
         return secured(response)
 
     async def logout(request: Request) -> Response:
-        response = RedirectResponse("/login" if auth_token else "/", status_code=303)
+        response = RedirectResponse(
+            root_of(request) + ("/login" if auth_token else "/"), status_code=303
+        )
         response.delete_cookie(SESSION_COOKIE)
         return secured(response)
 
@@ -428,6 +453,17 @@ def app(
     ]
     middleware: list[Middleware] = []
     return Starlette(routes=routes, lifespan=lifespan, middleware=middleware)
+
+
+def root_of(request: Request) -> str:
+    """Where the console is mounted (``""`` at the root of its own server)."""
+    return str(request.scope.get("root_path", "")).rstrip("/")
+
+
+def route_path(request: Request) -> str:
+    """The request's path inside the console (without where it is mounted)."""
+    path, root = request.url.path, root_of(request)
+    return path[len(root) :] if root and path.startswith(root) else path
 
 
 async def form_of(request: Request) -> dict[str, str]:

@@ -30,7 +30,7 @@ HANDOFF_MINUTES = 60
 SECURITY_HEADERS = {
     "Content-Security-Policy": (
         "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
-        "connect-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'"
+        "connect-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'self'"
     ),
     "X-Frame-Options": "DENY",
     "X-Content-Type-Options": "nosniff",
@@ -377,18 +377,19 @@ def duration(seconds: float | None) -> str:
 
 
 def lease_href(work_id: str) -> str:
-    return "/lease/" + quote(work_id, safe="")
+    return "lease/" + quote(work_id, safe="")
 
 
 def page(title: str, body: str, *, nav: str, backend: str, live: bool = True,
-         logged_in: bool = False) -> str:  # fmt: skip
+         logged_in: bool = False, root: str = "") -> str:  # fmt: skip
+    """A whole page; links are relative to ``root`` (where the console is mounted)."""
     links = "".join(
         f'<a href="{href}"{" aria-current=page" if nav == name else ""}>{label}</a>'
-        for name, href, label in (("overview", "/", "Overview"), ("leases", "/leases", "Leases"))
+        for name, href, label in (("overview", "./", "Overview"), ("leases", "leases", "Leases"))
     )
     live_attr = ' data-live="1"' if live else ""
     logout = (
-        '<form method="post" action="/logout" class="logout"><button>Log out</button></form>'
+        '<form method="post" action="logout" class="logout"><button>Log out</button></form>'
         if logged_in
         else ""
     )
@@ -396,8 +397,9 @@ def page(title: str, body: str, *, nav: str, backend: str, live: bool = True,
 <html lang="en"><head><meta charset="utf-8">
 <meta name="viewport" content="width=device-width, initial-scale=1">
 <title>{esc(title)} · worklease</title>
-<link rel="stylesheet" href="/static/console.css">
-<script src="/static/console.js" defer></script>
+<base href="{esc(root)}/">
+<link rel="stylesheet" href="static/console.css">
+<script src="static/console.js" defer></script>
 </head><body>
 <header><strong>worklease</strong> <span class="backend">{esc(backend)}</span>
 <nav>{links}</nav><span id="status" class="status" aria-live="polite"></span>{logout}</header>
@@ -474,7 +476,7 @@ def leases_body(query: Query, shown: Sequence[LeaseRow], matched: int, pages: in
         descending = not query.descending if query.sort == column else False
         params = query.params(sort=column, order="desc" if descending else "asc", page=1)
         mark = ("▼" if query.descending else "▲") if query.sort == column else ""
-        return f'<th><a href="/leases?{esc(urlencode(params))}">{label}</a>{mark}</th>'
+        return f'<th><a href="leases?{esc(urlencode(params))}">{label}</a>{mark}</th>'
 
     states = "".join(
         f'<option value="{s}"{" selected" if query.state == s else ""}>{s}</option>' for s in STATES
@@ -499,16 +501,16 @@ def leases_body(query: Query, shown: Sequence[LeaseRow], matched: int, pages: in
     pager = []
     if current > 1:
         pager.append(
-            f'<a rel="prev" href="/leases?{esc(urlencode(query.params(page=current - 1)))}">← previous</a>'
+            f'<a rel="prev" href="leases?{esc(urlencode(query.params(page=current - 1)))}">← previous</a>'
         )
     pager.append(f"<span>page {current} of {pages} · {matched} lease(s)</span>")
     if current < pages:
         pager.append(
-            f'<a rel="next" href="/leases?{esc(urlencode(query.params(page=current + 1)))}">next →</a>'
+            f'<a rel="next" href="leases?{esc(urlencode(query.params(page=current + 1)))}">next →</a>'
         )
     problem = f'<p class="error" role="alert">{esc(error)}</p>' if error else ""
     return f"""{problem}<h1>Leases</h1>
-<form class="filters" method="get" action="/leases">
+<form class="filters" method="get" action="leases">
 <label>state <select name="state"><option value="">any</option>{states}</select></label>
 <label>holder <input name="holder" value="{esc(query.holder or "")}" placeholder="worker-1"></label>
 <label>work ID <input name="work_id" value="{esc(query.work_id or "")}" placeholder="tenant-*"></label>
@@ -567,7 +569,7 @@ def lease_body(row: LeaseRow | None, work_id: str, views: list[tuple[str, str]] 
 def login_body(error: str | None, next_path: str) -> str:
     problem = f'<p class="error" role="alert">{esc(error)}</p>' if error else ""
     return f"""{problem}<h1>Sign in</h1>
-<form method="post" action="/login" class="login">
+<form method="post" action="login" class="login">
 <input type="hidden" name="next" value="{esc(next_path)}">
 <label>Access token <input type="password" name="token" autocomplete="current-password" autofocus></label>
 <button>Sign in</button></form>"""
