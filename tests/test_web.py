@@ -12,6 +12,7 @@ import os
 import shutil
 import socket
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -47,7 +48,7 @@ CHROMIUM = (
     os.environ.get("WORKLEASE_TEST_CHROMIUM") or shutil.which("chromium") or "/usr/bin/chromium"
 )
 SHOTS = os.environ.get("WORKLEASE_SCREENSHOTS")
-CONSOLE_SCRIPT = Path(__file__).resolve().parents[1] / ".venv" / "bin" / "worklease"
+CONSOLE_SCRIPT = Path(sys.executable).with_name("worklease")
 
 
 def _free_port() -> int:
