@@ -933,7 +933,7 @@ def _parser() -> argparse.ArgumentParser:
             "nobody holds, so the holder's next write is refused (fenced) and its work stops "
             "there; the next acquire takes over and reads the last checkpoint with previous "
             "exit expired. Asks for confirmation unless --yes. Exit status 1 when the work ID "
-            "is not held. Not offered on etcd.",
+            "is not held.",
         ),
         (
             "forget",

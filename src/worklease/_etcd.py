@@ -335,6 +335,20 @@ def txn(
     return {"compare": compare, "success": success, "failure": failure}
 
 
+def expire_txn(keys: WorkKeys, seen: Record) -> dict[str, Any]:
+    """An operator's expire of the grant ``seen`` shows held: the grant key written again
+    with the same value (its new revision is a token nobody holds, so the holder's next
+    write is fenced), the hold deleted (the lease lapses now: a waiter's watch sees it);
+    refused when anything changed since ``seen`` was read."""
+    t = keys.key(b"t")
+    return txn(
+        [revision_is(t, seen.token_revision), present(keys.key(b"h")), absent(keys.key(b"x"))],
+        [put(t, grant_value(seen.token % TOKEN_SLOTS, seen.holder_id or "")),
+         delete(keys.key(b"h"))],
+        [],
+    )  # fmt: skip
+
+
 def acquire_compares(keys: WorkKeys, seen: Record) -> list[dict[str, Any]]:
     """Nothing changed since ``seen`` was read, and nobody holds the work ID."""
     return [

@@ -48,6 +48,7 @@ from .._etcd import (
     contended,
     cut,
     delete,
+    expire_txn,
     expiry,
     judge_error,
     lane_wait,
@@ -907,6 +908,25 @@ class AsyncEtcdBackend:
         if not answer.get("succeeded"):
             raise fenced(token, "forget")
         self._forget_lease(token)
+
+    async def expire(self, work_id: str) -> bool:
+        """End the current grant of ``work_id`` now (an operator's action, optional method):
+        its token is replaced by a greater one nobody holds, so the holder's next write is
+        fenced, and the next acquire reads the previous exit ``expired``. ``False`` when the
+        work ID is not held (nothing changes)."""
+        check_work_id(work_id)
+        self._open("expire")
+        keys = self._keys(work_id)
+        for _ in range(RACES):
+            seen = await self._read(keys, "expire")
+            if not seen.held or seen.exit_mode is not None:
+                return False
+            answer = await self._txn(expire_txn(keys, seen), "expire")
+            if answer.get("succeeded"):
+                return True
+        raise BackendError(
+            f"expire: work ID {work_id!r} kept changing under {RACES} attempts", transient=True
+        )
 
     # -- housekeeping ----------------------------------------------------------------------
 

@@ -517,7 +517,7 @@ def leases_body(query: Query, shown: Sequence[LeaseRow], matched: int, pages: in
 <button>Filter</button></form>
 <table class="leases"><thead><tr>{header("work_id", "work ID")}{header("holder_id", "holder")}
 {header("fencing_token", "token")}{header("state", "state")}{header("expires_in", "expires in")}
-{header("checkpoint_size", "checkpoint")}{header("updated_at", "checkpoint age")}<th>previous exit</th></tr></thead>
+{header("checkpoint_size", "checkpoint")}{header("updated_at", "last write")}<th>previous exit</th></tr></thead>
 <tbody>{rows}</tbody></table>
 <nav class="pager">{"".join(pager)}</nav>"""
 
