@@ -379,3 +379,25 @@ def test_the_console_mounted_inside_another_application_links_under_its_path() -
         assert 'href="leases?' in body
         assert client.get("/ops/static/console.js").status_code == 200
         assert client.get("/ops/healthz").json()["ok"] is True
+
+
+def test_a_backend_error_reaches_the_page_without_the_password() -> None:
+    """A read that fails shows on the pages and /healthz (503), the password replaced."""
+    from starlette.testclient import TestClient
+
+    class Failing:
+        async def acquire(self, *args: Any) -> None:  # looks like a backend
+            raise AssertionError
+
+        async def rows(self) -> list[dict[str, Any]]:
+            raise ConnectionError("connection to user:hunter2-secret@db failed")
+
+    console = app(Failing(), secrets_to_hide=("hunter2-secret",), label="PostgreSQL")
+    with TestClient(console) as client:
+        overview = client.get("/").text
+        health = client.get("/healthz")
+    assert "reading the leases failed: ConnectionError" in overview
+    assert "hunter2-secret" not in overview
+    assert "user:***@db" in overview
+    assert health.status_code == 503
+    assert "hunter2-secret" not in health.text
