@@ -27,7 +27,7 @@ pytest.importorskip("starlette")
 pytest.importorskip("playwright")
 
 import uvicorn
-from playwright.sync_api import Page, expect
+from playwright.sync_api import Browser, Page, expect, sync_playwright
 
 from tests import pg
 from worklease import (
@@ -90,24 +90,34 @@ def serving(dsn: str, **options: Any) -> Iterator[str]:
         thread.join(15)
 
 
-@pytest.fixture(scope="session")
-def browser_type_launch_args(browser_type_launch_args: dict[str, Any]) -> dict[str, Any]:
-    """pytest-playwright's browser, launched from the system Chromium (no download)."""
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Browser]:
+    """The system Chromium through Playwright (no browser download), for this module only:
+    Playwright's sync API keeps an event loop running in this thread while it is open, which
+    would break every asyncio test after it in the same process (so not pytest-playwright's
+    session-wide browser)."""
     if not os.access(CHROMIUM, os.X_OK):
         reason = f"no Chromium at {CHROMIUM} (apt-get install chromium): browser tests skipped"
         if os.environ.get("CI", "").lower() == "true":
             pytest.fail(f"CI=true: {reason}", pytrace=False)
         pytest.skip(reason)
-    return {
-        **browser_type_launch_args,
-        "executable_path": CHROMIUM,
-        "args": ["--no-sandbox", "--disable-gpu"],
-    }
+    with sync_playwright() as playwright:
+        launched = playwright.chromium.launch(
+            executable_path=CHROMIUM, args=["--no-sandbox", "--disable-gpu"]
+        )
+        try:
+            yield launched
+        finally:
+            launched.close()
 
 
-@pytest.fixture(scope="session")
-def browser_context_args(browser_context_args: dict[str, Any]) -> dict[str, Any]:
-    return {**browser_context_args, "viewport": {"width": 1280, "height": 860}}
+@pytest.fixture
+def page(browser: Browser) -> Iterator[Page]:
+    context = browser.new_context(viewport={"width": 1280, "height": 860})
+    try:
+        yield context.new_page()
+    finally:
+        context.close()
 
 
 @pytest.fixture
@@ -175,6 +185,8 @@ def test_the_overview_and_table_show_a_running_pool(dsn: str, page: Page) -> Non
         expect(bars.nth(0).locator(".label")).to_have_text("worker-a")
         expect(bars.nth(0).locator(".n")).to_have_text("4")
         expect(bars.nth(1).locator(".n")).to_have_text("3")
+        widths = bars.locator(".fill i").evaluate_all("bars => bars.map(b => b.offsetWidth)")
+        assert widths[0] > widths[1] > 0  # 4 : 3, drawn by the script (no inline styles)
         shoot(page, "overview")
         page.goto(base + "/leases")
         rows = page.locator("table.leases tbody tr")
@@ -366,13 +378,13 @@ def test_the_console_mounted_inside_another_application_links_under_its_path() -
     from worklease import AsyncMemoryBackend
 
     memory = AsyncMemoryBackend()
-    outer = Starlette(routes=[Mount("/ops", app=app(memory, auth_token="tok-123456"))])
+    outer = Starlette(routes=[Mount("/ops", app=app(memory, auth_token="tok-1234567890abcdef"))])
     with TestClient(outer) as client:
         first = client.get("/ops/leases", follow_redirects=False)
         assert first.status_code == 303
         assert first.headers["location"] == "/ops/login?next=%2Fleases"
-        signed = client.post("/ops/login", data={"token": "tok-123456", "next": "/leases"},
-                             follow_redirects=False)  # fmt: skip
+        form = {"token": "tok-1234567890abcdef", "next": "/leases"}
+        signed = client.post("/ops/login", data=form, follow_redirects=False)
         assert signed.headers["location"] == "/ops/leases"
         body = client.get("/ops/leases").text
         assert '<base href="/ops/">' in body
@@ -401,3 +413,43 @@ def test_a_backend_error_reaches_the_page_without_the_password() -> None:
     assert "user:***@db" in overview
     assert health.status_code == 503
     assert "hunter2-secret" not in health.text
+
+
+def test_hostile_input_is_escaped_refused_or_bounded() -> None:
+    """What the security review tried: markup in a refused parameter comes back escaped; a
+    glob that would backtrack forever, or does not compile, is answered at once; a huge form
+    is refused unread; a short token, a partial page after the session ended, Starlette's own
+    404 (with the headers) and a session past its time."""
+    from starlette.testclient import TestClient
+
+    from worklease import AsyncMemoryBackend, ConfigError
+    from worklease.web._view import SESSION_SECONDS, console_key, session_valid, session_value
+
+    memory = AsyncMemoryBackend()
+    with TestClient(app(memory)) as client:
+        evil = '<meta http-equiv=refresh content="0;url=https://evil.example/">'
+        page_ = client.get("/leases", params={"state": evil})
+        assert page_.status_code == 400
+        assert "<meta http-equiv" not in page_.text
+        assert "&lt;meta" in page_.text
+        slow = client.get("/api/leases", params={"work_id": "*?" * 30 + "x"})
+        assert slow.status_code == 200
+        assert client.get("/api/leases", params={"work_id": "x" * 2000}).status_code == 400
+        missing = client.get("/nowhere")
+        assert missing.status_code == 404
+        assert missing.headers["x-frame-options"] == "DENY"
+    secret = "tok-1234567890abcdef"
+    with TestClient(app(memory, auth_token=secret, allow_actions=True)) as client:
+        urlencoded = {"content-type": "application/x-www-form-urlencoded"}
+        huge = client.post("/login", content=b"token=" + b"x" * 200_000, headers=urlencoded)
+        assert huge.status_code == 413
+        partial = client.get("/leases", headers={"X-Worklease-Partial": "1"})
+        assert partial.status_code == 401  # the page's script then reloads to sign in
+    with pytest.raises(ConfigError, match="at least 16 characters"):
+        app(memory, auth_token="short")
+    key = console_key(secret)
+    issued = session_value(key, now=1_000_000)
+    assert session_valid(key, issued, now=1_000_000 + 60)
+    assert not session_valid(key, issued, now=1_000_000 + SESSION_SECONDS + 1)
+    assert not session_valid(console_key("another-token-0123456"), issued, now=1_000_060)
+    assert not session_valid(key, "1000000.forged", now=1_000_060)

@@ -598,6 +598,11 @@ def _expire(args: argparse.Namespace) -> None:
         )
         if not _confirmed(args, question):
             raise CommandError("not confirmed: nothing changed")
+        now = _lease_row(backend, args.work_id)  # the answer may have taken a while
+        if now is None or now["fencing_token"] != row["fencing_token"]:
+            raise CommandError(
+                f"{args.work_id} changed while waiting for the answer: nothing changed"
+            )
         done = expire(args.work_id)
     if not done:
         _print_result(
@@ -692,21 +697,33 @@ def _web(args: argparse.Namespace) -> None:
         await backend.pool.open()
         return backend
 
-    if args.dsn:
-        from psycopg.conninfo import conninfo_to_dict
-
-        hidden = (str(conninfo_to_dict(args.dsn).get("password") or ""),)
+    if args.etcd:
+        kind = "etcd"
     elif args.redis:
+        from urllib.parse import unquote, urlsplit
+
         from ._redis import parse_redis_url
 
-        hidden = (parse_redis_url(args.redis).password or "",)
+        kind = "Redis"
+        target = parse_redis_url(args.redis)
+        raw = urlsplit(args.redis.split(",")[0]).password if "@" in args.redis else None
+        hidden = tuple(
+            secret for secret in (target.password, raw, unquote(raw) if raw else None) if secret
+        )
+    else:
+        kind = "PostgreSQL"
+        try:
+            password = conninfo_to_dict(args.dsn).get("password")
+        except psycopg.ProgrammingError:
+            raise CommandError("an invalid DSN (libpq cannot parse it)") from None
+        hidden = (str(password),) if password else ()
     application = web.app(
         open_backend,
         show_checkpoints=args.show_checkpoints,
         allow_actions=args.allow_actions,
         auth_token=token,
         codec=codec,
-        label="PostgreSQL" if args.dsn else ("etcd" if args.etcd else "Redis"),
+        label=kind,
         secrets_to_hide=hidden,
     )
     print(f"worklease web: serving on http://{args.bind} (Ctrl-C to stop)", file=sys.stderr)

@@ -1,4 +1,3 @@
-# ruff: noqa: E501  (HTML and messages read better unwrapped)
 """The operator console's ASGI application (Starlette): a background reader keeps one
 snapshot of the lease rows (every ``refresh`` seconds, through the backend's public
 ``rows()``), the pages and the JSON API filter, sort and page that snapshot, and the actions
@@ -36,13 +35,17 @@ from .._models import Token
 from ..codec import Codec
 from ..errors import ConfigError, LeaseLostError
 from ._view import (
+    MIN_TOKEN,
     SECURITY_HEADERS,
+    SESSION_SECONDS,
     Handoffs,
     LeaseRow,
     Query,
     checkpoint_views,
+    console_key,
     csrf_matches,
     csrf_token,
+    esc,
     lease_body,
     lease_href,
     lease_rows,
@@ -50,6 +53,7 @@ from ._view import (
     login_body,
     overview_body,
     page,
+    session_valid,
     session_value,
     summary,
     token_matches,
@@ -121,11 +125,13 @@ def app(
         raise ConfigError(
             f"--allow-actions needs --auth-token (or {TOKEN_ENV}): every action is authorized by it"
         )
+    if auth_token is not None and len(auth_token) < MIN_TOKEN:
+        raise ConfigError(f"the auth token must be at least {MIN_TOKEN} characters long")
     if not (0.05 <= float(refresh) <= 60):
         raise ConfigError(f"refresh must be between 0.05 and 60 seconds, got {refresh!r}")
     state: dict[str, Any] = {"backend": None}
     snapshot = Snapshot()
-    secret = secrets.token_bytes(32)
+    secret = console_key(auth_token) if auth_token else secrets.token_bytes(32)
     hidden = tuple(s for s in secrets_to_hide if s)
 
     def scrub(text: str) -> str:
@@ -134,7 +140,9 @@ def app(
         return text
 
     def kind_of(current: Any) -> str:
-        return label or type(current).__name__.removeprefix("Async").removesuffix("Backend")
+        if label or current is None:
+            return label or ""
+        return type(current).__name__.removeprefix("Async").removesuffix("Backend")
 
     async def read_rows() -> None:
         current = state["backend"]
@@ -170,7 +178,14 @@ def app(
             if state["backend"] is not None:
                 return
             if callable(backend) and not hasattr(backend, "acquire"):
-                state["opened"] = await backend()
+                try:
+                    state["opened"] = await backend()
+                except Exception as exc:  # its text may name the DSN: only the scrubbed one
+                    raise ConfigError(
+                        scrub(
+                            f"opening the backend failed: {type(exc).__name__}: {first_line(exc)}"
+                        )
+                    ) from None
                 state["backend"] = state["opened"]
             else:
                 state["backend"] = backend
@@ -196,9 +211,7 @@ def app(
         if not auth_token:
             return None
         cookie = request.cookies.get(SESSION_COOKIE)
-        if cookie and token_matches(session_value(secret, auth_token), cookie):
-            return cookie
-        return None
+        return cookie if session_valid(secret, cookie) else None
 
     def authorized(request: Request) -> bool:
         if not auth_token:
@@ -229,7 +242,8 @@ def app(
                 await start()
             if not authorized(request):
                 here = route_path(request)
-                if here.startswith("/api/") or request.method != "GET":
+                partial = request.headers.get("x-worklease-partial") == "1"
+                if here.startswith("/api/") or request.method != "GET" or partial:
                     return secured(
                         JSONResponse({"error": "authentication required"}, status_code=401)
                     )
@@ -255,7 +269,8 @@ def app(
         try:
             query = Query.parse(request.query_params)
         except ValueError as exc:
-            return html(request, "Leases", f'<p class="error" role="alert">{exc}</p>', status=400)
+            body = f'<p class="error" role="alert">{esc(exc)}</p>'
+            return html(request, "Leases", body, status=400)
         selected = query.select(snapshot.rows)
         shown, pages = query.paged(selected)
         now = time.time()
@@ -279,7 +294,7 @@ def app(
         session = session_of(request)
         csrf = csrf_token(secret, session) if session else None
         now = time.time()
-        notice = request.query_params.get("done")
+        notice = NOTICES.get(request.query_params.get("done") or "")
         body = lease_body(row, work_id, views, actions, csrf, now, snapshot.seen_at or now, notice)
         return html(request, work_id, body, nav="leases", live=not actions)
 
@@ -300,74 +315,98 @@ def app(
                 decoded = f"the codec could not decode it: {type(exc).__name__}: {first_line(exc)}"
         return checkpoint_views(read.state, decoded)
 
+    def refuse(request: Request, action: str, work_id: str, status: int, text: str) -> Response:
+        logger.warning(
+            "worklease web: action %s on %r by %s refused: %s", action, work_id, who(request), text
+        )
+        return secured(PlainTextResponse(text, status_code=status))
+
+    def who(request: Request) -> str:
+        address = request.client.host if request.client else "?"
+        forwarded = request.headers.get("x-forwarded-for")
+        return f"{address}" + (f" (for {forwarded!r})" if forwarded else "")
+
     async def act(request: Request) -> Response:
-        if not allow_actions:
-            return secured(
-                PlainTextResponse(
-                    "actions are off: start the console with --allow-actions", status_code=403
-                )
-            )
         work_id, action = request.path_params["work_id"], request.path_params["action"]
+        if not allow_actions:
+            return refuse(
+                request,
+                action,
+                work_id,
+                403,
+                "actions are off: start the console with --allow-actions",
+            )
+        if action not in ("expire", "forget"):
+            return secured(PlainTextResponse("no such action", status_code=404))
         form = await form_of(request)
+        if form is None:
+            return refuse(request, action, work_id, 413, "refused: the form is too large")
         bearer = request.headers.get("authorization", "")
         by_header = bearer.lower().startswith("bearer ") and token_matches(
             auth_token, bearer[7:].strip()
         )
         session = session_of(request)
         if not by_header and not csrf_matches(secret, session, str(form.get("csrf") or "")):
-            return secured(
-                PlainTextResponse(
-                    "refused: a missing or wrong CSRF token (reload the page)", status_code=403
-                )
+            return refuse(
+                request,
+                action,
+                work_id,
+                403,
+                "refused: a missing or wrong CSRF token (reload the page)",
             )
+        await read_rows()  # act on what the backend holds now, not on the page's snapshot
+        if snapshot.error is not None:
+            return refuse(request, action, work_id, 503, "refused: the leases cannot be read now")
         row = snapshot.by_id.get(work_id)
-        seen = str(form.get("token") or "")
-        if row is None or str(row.fencing_token) != seen:
-            return secured(
-                PlainTextResponse(
-                    "refused: the lease changed since the page was read (reload it)",
-                    status_code=409,
-                )
+        if row is None or str(row.fencing_token) != str(form.get("token") or ""):
+            return refuse(
+                request,
+                action,
+                work_id,
+                409,
+                "refused: the lease changed since the page was read (reload it)",
             )
         current = state["backend"]
-        who = f"{request.client.host if request.client else '?'} ({'token' if by_header else 'session'})"
         when = datetime.now(UTC).isoformat(timespec="seconds")
-        if action == "expire":
-            expire = getattr(current, "expire", None)
-            if not callable(expire):
-                return secured(
-                    PlainTextResponse(
-                        f"refused: the {kind_of(current)} backend offers no expire", status_code=409
+        try:
+            if action == "expire":
+                expire = getattr(current, "expire", None)
+                if not callable(expire):
+                    return refuse(
+                        request,
+                        action,
+                        work_id,
+                        409,
+                        f"refused: the {kind_of(current)} backend offers no expire",
                     )
-                )
-            done = await expire(work_id)
-            message = (
-                f"expired {work_id} (token {row.fencing_token}, holder {row.holder_id}): the holder is fenced at its next write"
-                if done
-                else f"{work_id} was not held any more: nothing changed"
-            )
-        elif action == "forget":
-            if row.state != "retired":
-                return secured(
-                    PlainTextResponse(
-                        "refused: only a retired row is forgotten here", status_code=409
+                outcome = "expired" if await expire(work_id) else "not-held"
+            else:
+                if row.state != "retired":
+                    return refuse(
+                        request,
+                        action,
+                        work_id,
+                        409,
+                        "refused: only a retired row is forgotten here",
                     )
-                )
-            token = Token(work_id, row.holder_id, row.fencing_token, datetime.now(UTC))
-            try:
-                await current.forget(token)
-                message = f"forgot {work_id} (token {row.fencing_token})"
-            except LeaseLostError:
-                message = f"{work_id} changed since it was read: nothing deleted"
-        else:
-            return secured(PlainTextResponse("no such action", status_code=404))
+                token = Token(work_id, row.holder_id, row.fencing_token, datetime.now(UTC))
+                try:
+                    await current.forget(token)
+                    outcome = "forgot"
+                except LeaseLostError:
+                    outcome = "changed"
+        except Exception as exc:  # the backend failed: say so, without its secrets
+            text = scrub(f"the {action} failed: {type(exc).__name__}: {first_line(exc)}")
+            return refuse(request, action, work_id, 502, text)
         logger.warning(
-            "worklease web: action %s on %r by %s at %s: %s", action, work_id, who, when, message
-        )
+            "worklease web: action %s on %r (holder %r, token %d) by %s via %s at %s: %s",
+            action, work_id, row.holder_id, row.fencing_token, who(request),
+            "token" if by_header else "session", when, outcome,
+        )  # fmt: skip
         await read_rows()
         return secured(
             RedirectResponse(
-                root_of(request) + "/" + lease_href(work_id) + "?done=" + quote(message),
+                root_of(request) + "/" + lease_href(work_id) + "?done=" + outcome,
                 status_code=303,
             )
         )
@@ -388,7 +427,10 @@ def app(
         return secured(JSONResponse(figures))
 
     async def healthz(request: Request) -> Response:
-        healthy = snapshot.error is None and snapshot.ready.is_set()
+        if state["backend"] is None:
+            await start()
+        stalled = bool(snapshot.seen_at) and time.time() - snapshot.seen_at > max(10 * refresh, 5.0)
+        healthy = not stalled and snapshot.error is None and snapshot.ready.is_set()
         age = round(time.time() - snapshot.seen_at, 3) if snapshot.seen_at else None
         body = {"ok": healthy, "read_age_seconds": age, "error": snapshot.error}
         return secured(JSONResponse(body, status_code=200 if healthy else 503))
@@ -400,8 +442,10 @@ def app(
         if request.method == "GET":
             return html(request, "Sign in", login_body(None, next_path), live=False)
         form = await form_of(request)
+        if form is None:
+            return secured(PlainTextResponse("the form is too large", status_code=413))
         next_path = str(form.get("next") or "/")
-        if not next_path.startswith("/") or next_path.startswith("//"):
+        if not next_path.startswith("/") or next_path.startswith("//") or "\\" in next_path:
             next_path = "/"
         if not token_matches(auth_token, str(form.get("token") or "")):
             logger.warning(
@@ -414,10 +458,12 @@ def app(
         response = RedirectResponse(root_of(request) + next_path, status_code=303)
         response.set_cookie(
             SESSION_COOKIE,
-            session_value(secret, auth_token),
+            session_value(secret),
+            max_age=SESSION_SECONDS,
+            path=root_of(request) + "/",
             httponly=True,
             samesite="strict",
-            secure=request.url.scheme == "https",
+            secure=https(request),
         )
         return secured(response)
 
@@ -425,7 +471,7 @@ def app(
         response = RedirectResponse(
             root_of(request) + ("/login" if auth_token else "/"), status_code=303
         )
-        response.delete_cookie(SESSION_COOKIE)
+        response.delete_cookie(SESSION_COOKIE, path=root_of(request) + "/")
         return secured(response)
 
     async def static(request: Request) -> Response:
@@ -451,8 +497,45 @@ def app(
         Route("/logout", logout, methods=["POST"]),
         Route("/static/{name}", static),
     ]
-    middleware: list[Middleware] = []
-    return Starlette(routes=routes, lifespan=lifespan, middleware=middleware)
+    return Starlette(routes=routes, lifespan=lifespan, middleware=[Middleware(_Headers)])
+
+
+NOTICES = {
+    "expired": "expired: its holder is fenced at its next write, the next acquire takes over",
+    "not-held": "it was not held any more: nothing changed",
+    "forgot": "forgotten: the row is deleted",
+    "changed": "it changed since it was read: nothing deleted",
+}
+"""What an action's redirect may say (by code: the page never shows text from the URL)."""
+
+
+class _Headers:
+    """The security headers on every response, Starlette's own 404s and 500s too."""
+
+    def __init__(self, inner: Any) -> None:
+        self._inner = inner
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self._inner(scope, receive, send)
+            return
+
+        async def sending(message: Any) -> None:
+            if message["type"] == "http.response.start":
+                headers = [(k, v) for k, v in message.get("headers", []) if k.decode().lower()
+                           not in {name.lower() for name in SECURITY_HEADERS}]  # fmt: skip
+                headers += [(k.lower().encode(), v.encode()) for k, v in SECURITY_HEADERS.items()]
+                message = {**message, "headers": headers}
+            await send(message)
+
+        await self._inner(scope, receive, sending)
+
+
+def https(request: Request) -> bool:
+    """Whether the browser reached the console over HTTPS (directly or through a proxy that
+    says so): the session cookie is then marked Secure."""
+    forwarded = request.headers.get("x-forwarded-proto", "").split(",")[0].strip().lower()
+    return request.url.scheme == "https" or forwarded == "https"
 
 
 def root_of(request: Request) -> str:
@@ -466,12 +549,20 @@ def route_path(request: Request) -> str:
     return path[len(root) :] if root and path.startswith(root) else path
 
 
-async def form_of(request: Request) -> dict[str, str]:
+MAX_FORM = 65536
+
+
+async def form_of(request: Request) -> dict[str, str] | None:
     """An urlencoded form body (the console's forms send nothing else; no multipart parser
-    is needed); at most 64 KiB."""
-    body = await request.body()
-    if len(body) > 65536:
-        return {}
+    is needed); ``None`` past ``MAX_FORM`` bytes, read no further."""
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > MAX_FORM:
+        return None
+    body = b""
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > MAX_FORM:
+            return None
     parsed = parse_qs(body.decode("utf-8", errors="replace"), keep_blank_values=True)
     return {key: values[-1] for key, values in parsed.items()}
 

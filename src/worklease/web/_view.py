@@ -5,11 +5,14 @@ checkpoint rendering, authentication and CSRF tokens, and the HTML of each page.
 
 from __future__ import annotations
 
+import fnmatch
+import functools
 import hashlib
 import hmac
 import html
 import math
 import re
+import time
 from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -142,33 +145,22 @@ def _name(value: Any) -> str | None:
 # -- filters, sorting, paging ---------------------------------------------------------------
 
 
+MAX_PATTERN = 1024
+"""The longest work-ID glob a filter takes."""
+
+
+@functools.lru_cache(maxsize=256)
 def glob_regex(pattern: str) -> re.Pattern[str]:
-    """A work-ID glob as ``status --work-id`` takes it: ``*``, ``?``, ``[abc]``, ``[!a]``,
-    matched against the whole work ID."""
-    out = []
-    index = 0
-    while index < len(pattern):
-        char = pattern[index]
-        if char == "*":
-            out.append(".*")
-        elif char == "?":
-            out.append(".")
-        elif char == "[":
-            end = pattern.find(
-                "]", index + 2 if pattern[index + 1 : index + 2] in "!]" else index + 1
-            )
-            if end == -1:
-                out.append(re.escape(char))
-            else:
-                body = pattern[index + 1 : end]
-                if body.startswith("!"):
-                    body = "^" + body[1:]
-                out.append("[" + body.replace("\\", "\\\\") + "]")
-                index = end
-        else:
-            out.append(re.escape(char))
-        index += 1
-    return re.compile("".join(out) + r"\Z", re.DOTALL)
+    """A work-ID glob as ``status --work-id`` takes it (``*``, ``?``, ``[abc]``, ``[!a]``),
+    matched against the whole work ID. ``fnmatch``'s translation: its runs of ``*`` are
+    atomic groups, so no pattern backtracks catastrophically. ``ValueError`` for a pattern
+    too long or that does not compile."""
+    if len(pattern) > MAX_PATTERN:
+        raise ValueError(f"work_id pattern is longer than {MAX_PATTERN} characters")
+    try:
+        return re.compile(fnmatch.translate(pattern))
+    except re.error as exc:
+        raise ValueError(f"work_id pattern {pattern!r} is not a glob: {exc}") from None
 
 
 @dataclass(frozen=True)
@@ -200,8 +192,10 @@ class Query:
             raise ValueError(f"page must be a whole number, got {params.get('page')!r}") from None
         if page < 1:
             raise ValueError(f"page must be 1 or more, got {page}")
-        return cls(state, params.get("holder") or None, params.get("work_id") or None, sort,
-                   order == "desc", page)  # fmt: skip
+        work_id = params.get("work_id") or None
+        if work_id is not None:
+            glob_regex(work_id)  # refused here (400), not while filtering
+        return cls(state, params.get("holder") or None, work_id, sort, order == "desc", page)
 
     def params(self, **changes: Any) -> dict[str, str]:
         """The query parameters of this view with ``changes``, defaults left out."""
@@ -335,9 +329,36 @@ def checkpoint_views(state: bytes | None, decoded: str | None) -> list[tuple[str
 # -- authentication and CSRF -------------------------------------------------------------
 
 
-def session_value(secret: bytes, token: str) -> str:
-    """The session cookie's value for a correct token: an HMAC of it, never the token."""
-    return hmac.new(secret, b"session:" + token.encode(), hashlib.sha256).hexdigest()
+SESSION_SECONDS = 12 * 3600
+"""How long a sign-in lasts."""
+MIN_TOKEN = 16
+"""The shortest auth token the console takes."""
+
+
+def console_key(token: str) -> bytes:
+    """The key of sessions and CSRF tokens, derived from the auth token: every process of a
+    console (several workers behind one address) accepts the others' sessions, and a new
+    token ends every session."""
+    return hashlib.sha256(b"worklease-web-session:" + token.encode()).digest()
+
+
+def session_value(key: bytes, now: float | None = None) -> str:
+    """A signed session: when it was issued, and an HMAC of that (never the token)."""
+    issued = str(int(time.time() if now is None else now))
+    return issued + "." + hmac.new(key, b"session:" + issued.encode(), hashlib.sha256).hexdigest()
+
+
+def session_valid(key: bytes, value: str | None, now: float | None = None) -> bool:
+    if not value or "." not in value:
+        return False
+    issued, _, signature = value.partition(".")
+    if not issued.isdigit():
+        return False
+    expected = hmac.new(key, b"session:" + issued.encode(), hashlib.sha256).hexdigest()
+    if not hmac.compare_digest(expected.encode(), signature.encode()):
+        return False
+    age = (time.time() if now is None else now) - int(issued)
+    return 0 <= age < SESSION_SECONDS
 
 
 def token_matches(expected: str | None, given: str | None) -> bool:
@@ -377,7 +398,10 @@ def duration(seconds: float | None) -> str:
 
 
 def lease_href(work_id: str) -> str:
-    return "lease/" + quote(work_id, safe="")
+    quoted = quote(work_id, safe="")
+    if quoted in (".", ".."):  # a browser would resolve them as path steps
+        quoted = quoted.replace(".", "%2E")
+    return "lease/" + quoted
 
 
 def page(title: str, body: str, *, nav: str, backend: str, live: bool = True,
@@ -420,7 +444,7 @@ def overview_body(figures: Mapping[str, Any], error: str | None) -> str:
     bars = (
         "".join(
             f'<div class="bar"><span class="label">{esc(h)}</span><span class="fill" '
-            f'data-width="{round(100 * n / widest)}"><i style="width:{round(100 * n / widest)}%"></i>'
+            f'data-width="{round(100 * n / widest)}"><i></i>'
             f'</span><span class="n">{n}</span></div>'
             for h, n in holders.items()
         )

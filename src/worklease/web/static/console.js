@@ -51,6 +51,12 @@
   }
 
   function bind() {
+    // Bar widths from data-width: the page's CSP allows no inline style attribute.
+    var fills = document.querySelectorAll(".bar .fill[data-width]");
+    for (var j = 0; j < fills.length; j++) {
+      var bar = fills[j].querySelector("i");
+      if (bar) { bar.style.width = fills[j].getAttribute("data-width") + "%"; }
+    }
     var forms = document.querySelectorAll("form.action[data-confirm]");
     for (var i = 0; i < forms.length; i++) {
       forms[i].addEventListener("submit", function (event) {
