@@ -489,7 +489,7 @@ def handoff_chart(counts: Sequence[int]) -> str:
         f'<svg class="chart" viewBox="0 0 {width} {height}" role="img" '
         f'aria-label="{total} handoffs in the last hour" data-total="{total}">{bars}'
         f'<line x1="0" y1="{height}" x2="{width}" y2="{height}"></line></svg>'
-        f'<p class="legend">{total} handoff(s) seen in the last hour (max {top}/min; the console '
+        f'<p class="legend">{total} handoff(s) seen in the last hour (max {max(counts, default=0)}/min; the console '
         "counts token changes between its reads)</p>"
     )
 
