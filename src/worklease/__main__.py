@@ -748,6 +748,20 @@ def _codec(spec: str) -> Any:
     return value() if isinstance(value, type) else value
 
 
+def _store_options(command: argparse.ArgumentParser) -> None:
+    """Where the leases are: PostgreSQL (``--dsn``, ``--schema``), etcd or Redis."""
+    command.add_argument("--dsn", help=DSN_HELP)
+    command.add_argument("--schema", metavar="NAME", help="the schema holding the tables")
+    command.add_argument("--etcd", metavar="ENDPOINTS", help=ETCD_HELP)
+    command.add_argument(
+        "--etcd-prefix", metavar="PREFIX", default=None, help="etcd key prefix (worklease/)"
+    )
+    command.add_argument("--redis", metavar="URL", help=REDIS_HELP)
+    command.add_argument(
+        "--redis-prefix", metavar="PREFIX", default=None, help="Redis key prefix (worklease:)"
+    )
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="worklease",
@@ -819,16 +833,7 @@ def _parser() -> argparse.ArgumentParser:
         "(or since), checkpoint size and last update. The DSN may also come from the libpq "
         "environment variables.",
     )
-    status.add_argument("--dsn", help=DSN_HELP)
-    status.add_argument("--schema", metavar="NAME", help="the schema holding the tables")
-    status.add_argument("--etcd", metavar="ENDPOINTS", help=ETCD_HELP)
-    status.add_argument(
-        "--etcd-prefix", metavar="PREFIX", default=None, help="etcd key prefix (worklease/)"
-    )
-    status.add_argument("--redis", metavar="URL", help=REDIS_HELP)
-    status.add_argument(
-        "--redis-prefix", metavar="PREFIX", default=None, help="Redis key prefix (worklease:)"
-    )
+    _store_options(status)
     status.add_argument(
         "--work-id", metavar="GLOB", help="only work IDs matching this glob (*, ?, [abc], [!a])"
     )
@@ -861,16 +866,7 @@ def _parser() -> argparse.ArgumentParser:
         "FINISHED or ABANDONED are never deleted. DURATION: a number with a unit, units "
         "combinable: 500ms, 90s, 15m, 2h, 7d, 1h30m.",
     )
-    sweep.add_argument("--dsn", help=DSN_HELP)
-    sweep.add_argument("--schema", metavar="NAME", help="the schema holding the tables")
-    sweep.add_argument("--etcd", metavar="ENDPOINTS", help=ETCD_HELP)
-    sweep.add_argument(
-        "--etcd-prefix", metavar="PREFIX", default=None, help="etcd key prefix (worklease/)"
-    )
-    sweep.add_argument("--redis", metavar="URL", help=REDIS_HELP)
-    sweep.add_argument(
-        "--redis-prefix", metavar="PREFIX", default=None, help="Redis key prefix (worklease:)"
-    )
+    _store_options(sweep)
     sweep.add_argument("--retention", required=True, metavar="DURATION", help="e.g. 7d, 12h, 1h30m")
     sweep.add_argument(
         "--include-expired", action="store_true", help="also delete lapsed, undeclared rows"
@@ -966,16 +962,7 @@ def _parser() -> argparse.ArgumentParser:
             name, help=summary_text, description=description, allow_abbrev=False
         )
         command.add_argument("work_id", metavar="WORK_ID")
-        command.add_argument("--dsn", help=DSN_HELP)
-        command.add_argument("--schema", metavar="NAME", help="the schema holding the tables")
-        command.add_argument("--etcd", metavar="ENDPOINTS", help=ETCD_HELP)
-        command.add_argument(
-            "--etcd-prefix", metavar="PREFIX", default=None, help="etcd key prefix (worklease/)"
-        )
-        command.add_argument("--redis", metavar="URL", help=REDIS_HELP)
-        command.add_argument(
-            "--redis-prefix", metavar="PREFIX", default=None, help="Redis key prefix (worklease:)"
-        )
+        _store_options(command)
         command.add_argument("--yes", action="store_true", help="do not ask for confirmation")
         command.add_argument("--json", action="store_true", help="print the outcome as JSON")
         if name == "forget":

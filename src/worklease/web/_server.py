@@ -119,7 +119,8 @@ def app(
     ``show_checkpoints`` (decoded through ``codec`` when given) and, with ``allow_actions``,
     ``expire`` and ``forget``. ``auth_token``: every page but ``/healthz`` then needs it
     (a sign-in form sets a session cookie; scripts send ``Authorization: Bearer TOKEN``);
-    ``allow_actions`` requires it. ``refresh``: seconds between two reads of the rows.
+    ``allow_actions`` requires it. ``refresh``: seconds between two reads of the rows (at
+    least four times as long as a read takes, so a large store is not kept busy).
     """
     if allow_actions and not auth_token:
         raise ConfigError(
@@ -165,8 +166,11 @@ def app(
 
     async def reader() -> None:
         while True:
+            started = time.monotonic()
             await read_rows()
-            await asyncio.sleep(refresh)
+            # A big store reads slowly: wait at least 4 reads' time between reads, so the
+            # console never keeps the backend busy more than a fifth of the time.
+            await asyncio.sleep(max(refresh, 4 * (time.monotonic() - started)))
 
     starting = asyncio.Lock()
 
