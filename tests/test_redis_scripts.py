@@ -219,7 +219,7 @@ def test_a_checkpoint_is_stored_with_its_extension_and_cleared_by_empty_state(
 
 
 def test_release_and_forget_announce_the_key(scripts: Scripts) -> None:
-    pubsub = scripts.client.pubsub()  # type: ignore[no-untyped-call]
+    pubsub = scripts.client.pubsub()  # type: ignore[no-untyped-call,unused-ignore]
     pubsub.subscribe(r.RELEASE_CHANNEL)
     try:
         assert pubsub.get_message(timeout=5)["type"] == "subscribe"

@@ -94,8 +94,8 @@ class Holder:
 def _trial(number: int) -> Trial:
     group = redis_servers.start_sentinel_group(replicas=1, sentinels=3, down_after_ms=1000)
     result = Trial()
-    sentinel = Sentinel(group.sentinel_addresses, socket_timeout=0.5)  # type: ignore[no-untyped-call]
-    client = sentinel.master_for(group.MASTER, socket_timeout=0.5)  # type: ignore[no-untyped-call]
+    sentinel = Sentinel(group.sentinel_addresses, socket_timeout=0.5)  # type: ignore[no-untyped-call,unused-ignore]
+    client = sentinel.master_for(group.MASTER, socket_timeout=0.5)  # type: ignore[no-untyped-call,unused-ignore]
     try:
         prefix = f"trial-{number}:"
         plain = RedisBackend(client, prefix=prefix)

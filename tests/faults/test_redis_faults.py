@@ -152,7 +152,7 @@ def test_cluster_failover_of_a_slot_master_keeps_the_holder() -> None:
         writer = Writer(backend, "job")
         time.sleep(0.3)
         key = backend._key("job")
-        master = client.get_node_from_key(key)  # type: ignore[no-untyped-call]
+        master = client.get_node_from_key(key)  # type: ignore[no-untyped-call,unused-ignore]
         assert master is not None
         replica = next(
             port
