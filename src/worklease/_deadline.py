@@ -11,9 +11,7 @@ its caller gave up.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
-from contextvars import ContextVar
+from contextvars import ContextVar, Token
 
 from ._window import monotonic
 
@@ -22,14 +20,26 @@ __all__ = ["bounded_by", "seconds_left"]
 _deadline: ContextVar[float | None] = ContextVar("worklease_call_deadline", default=None)
 
 
-@contextmanager
-def bounded_by(deadline: float | None) -> Iterator[None]:
-    """Run the block's backend calls with ``deadline`` (monotonic; ``None``: none)."""
-    token = _deadline.set(deadline)
-    try:
-        yield
-    finally:
-        _deadline.reset(token)
+class bounded_by:  # a function's name: used as ``with bounded_by(deadline):``
+    """Run the block's backend calls with ``deadline`` (monotonic; ``None``: none).
+
+    A class rather than a generator context manager: it guards every checkpoint and
+    release, and a block that changes nothing (no deadline inside none) sets nothing."""
+
+    __slots__ = ("_deadline", "_reset")
+
+    def __init__(self, deadline: float | None) -> None:
+        self._deadline = deadline
+        self._reset: Token[float | None] | None = None
+
+    def __enter__(self) -> None:
+        if self._deadline is not None or _deadline.get() is not None:
+            self._reset = _deadline.set(self._deadline)
+
+    def __exit__(self, *_: object) -> None:
+        if self._reset is not None:
+            _deadline.reset(self._reset)
+            self._reset = None
 
 
 def seconds_left() -> float | None:

@@ -169,6 +169,8 @@ def acquire_options(
     names: Names = HOLD_NAMES,
 ) -> AcquireOptions:
     """Check the acquire parameters (``TypeError``/``ValueError``)."""
+    if wait is False and timeout is None and poll_interval is DEFAULT_POLL_INTERVAL:
+        return DEFAULT_ACQUIRE  # a plain acquire: nothing to check
     waiting = check_flag(wait, names.wait)
     poll = positive_seconds(poll_interval, names.poll_interval)
     limit: float | None = None

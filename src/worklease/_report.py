@@ -46,8 +46,8 @@ class Reported(Generic[_R]):
 
     __slots__ = ("_finish", "result", "start")
 
-    def __init__(self, finish: Callable[[float, Exception | None, _R | None], None]) -> None:
-        self._finish = finish
+    def __init__(self, finish: Callable[[float, Exception | None, _R | None], None] | None) -> None:
+        self._finish = finish  # None: nobody listens, the block is only timed
         self.result: _R | None = None
         self.start = 0.0
 
@@ -61,6 +61,8 @@ class Reported(Generic[_R]):
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
+        if self._finish is None:
+            return
         if exc is None:
             self._finish(monotonic() - self.start, None, self.result)
         elif isinstance(exc, Exception):
@@ -80,6 +82,12 @@ class LeaseReporter:
     def __init__(self, observer: LeaseObserver) -> None:
         self.observer = observer
 
+    def _silent(self) -> bool:
+        """Whether the observer does nothing at all (the default one, not patched): then no
+        event is built. Asked at every call, so an observer patched later is heard."""
+        observer = self.observer
+        return type(observer) is LeaseObserver and not observer.__dict__
+
     def _fenced(self, token: Token, operation: Operation, error: Exception | None) -> None:
         if isinstance(error, FencedError):
             notify(self.observer.on_fenced, FencedEvent(token, operation, error))
@@ -89,6 +97,9 @@ class LeaseReporter:
     def acquire(self, work_id: str) -> Reported[tuple[Token, Checkpoint | None]]:
         """An acquire; set ``result`` to ``(token, prior)`` (``prior``: read with it, or
         ``None``)."""
+
+        if self._silent():
+            return Reported(None)
 
         def finish(
             duration: float, error: Exception | None, result: tuple[Token, Checkpoint | None] | None
@@ -129,6 +140,9 @@ class LeaseReporter:
         return Reported(finish)
 
     def checkpoint(self, token: Token, size: int) -> Reported[None]:
+        if self._silent():
+            return Reported(None)
+
         def finish(duration: float, error: Exception | None, _: None) -> None:
             notify(self.observer.on_checkpoint, CheckpointEvent(token, size, duration, error))
             self._fenced(token, Operation.CHECKPOINT, error)
@@ -136,6 +150,9 @@ class LeaseReporter:
         return Reported(finish)
 
     def renew(self, token: Token, attempt: int) -> Reported[None]:
+        if self._silent():
+            return Reported(None)
+
         def finish(duration: float, error: Exception | None, _: None) -> None:
             self.renewed(token, attempt, duration, error)
 
@@ -147,6 +164,9 @@ class LeaseReporter:
         self._fenced(token, Operation.RENEW, error)
 
     def release(self, token: Token, mode: ExitMode) -> Reported[None]:
+        if self._silent():
+            return Reported(None)
+
         def finish(duration: float, error: Exception | None, _: None) -> None:
             self.released(token, mode, duration, error)
 

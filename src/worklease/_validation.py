@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from datetime import timedelta
+from typing import cast
 
 from ._duration import MAX_DURATION
 from ._models import ExitMode
@@ -51,6 +52,8 @@ def to_seconds(value: object, name: str) -> float:
     Raises ``TypeError`` for anything else (including ``bool``), ``ValueError`` for a string
     that is not a duration. Range checks are the caller's.
     """
+    if type(value) is float:  # the common case first: every backend call converts its TTL
+        return value
     if isinstance(value, timedelta):
         return value.total_seconds()
     if isinstance(value, str):
@@ -111,6 +114,8 @@ def backend_ttl(value: object) -> float:
     """A TTL as a backend receives it: any finite number of seconds up to ``MAX_DURATION``
     (a non-positive one yields an already-expired lease, a test affordance). Checked before
     any I/O, so no backend writes an expiry it could not read back."""
+    if type(value) is float and -MAX_DURATION <= value <= MAX_DURATION:  # NaN fails too
+        return value
     seconds = to_seconds(value, "ttl")
     if not math.isfinite(seconds) or seconds > MAX_DURATION:
         raise ValueError(
@@ -189,6 +194,8 @@ def state_size(state: StateLike | None) -> int:
 
 def check_exit_mode(mode: object) -> ExitMode:
     """Accept FINISHED, ABANDONED or RETIRED (or their text); InvalidExitModeError otherwise."""
+    if mode is ExitMode.FINISHED or mode is ExitMode.ABANDONED or mode is ExitMode.RETIRED:
+        return cast(ExitMode, mode)
     parsed: ExitMode | None = None
     if isinstance(mode, ExitMode):
         parsed = mode

@@ -137,7 +137,12 @@ def seal_token(raw: Token, issuer: object, call_start: float, ttl: float) -> Tok
         raise TypeError(f"backend acquire returned {type(raw).__name__}, expected Token")
     if raw.expires_at.tzinfo is None:
         raise ValueError("backend returned a naive expires_at; it must be timezone-aware")
-    token = Token(raw.work_id, raw.holder_id, raw.fencing_token, raw.expires_at)
+    # A fresh token from the backend is sealed as it is (building a frozen dataclass again
+    # costs more than the rest of the lease's bookkeeping for the call); one already sealed
+    # (a backend handing out an object twice) is copied, so no seal is ever replaced.
+    token = raw
+    if raw._seal is not None or type(raw) is not Token:
+        token = Token(raw.work_id, raw.holder_id, raw.fencing_token, raw.expires_at)
     object.__setattr__(token, "_seal", TokenSeal(issuer, token, call_start + ttl))
     return token
 

@@ -181,12 +181,29 @@ def test_seal_window_is_start_plus_ttl_whatever_the_expiry_looks_like(offset: fl
 def test_sealed_token_keeps_its_fields_and_equals_the_raw_one() -> None:
     issuer = object()
     raw = _token()
+    fields = (raw.work_id, raw.holder_id, raw.fencing_token, raw.expires_at)
     sealed = seal_token(raw, issuer, monotonic(), 1.0)
-    assert sealed == raw
-    assert hash(sealed) == hash(raw)
-    assert sealed is not raw
-    assert raw._seal is None
+    assert sealed == Token(*fields)
+    assert hash(sealed) == hash(Token(*fields))
+    assert (sealed.work_id, sealed.holder_id, sealed.fencing_token, sealed.expires_at) == fields
     assert isinstance(sealed._seal, TokenSeal)
+    assert unseal(sealed, issuer) is sealed._seal
+
+
+def test_a_token_handed_out_twice_is_copied_and_its_first_seal_kept() -> None:
+    """A fresh token from the backend is sealed as it is; one already sealed (a backend
+    returning the same object again) is copied, so no seal is ever replaced."""
+    first_issuer, second_issuer = object(), object()
+    raw = _token()
+    first = seal_token(raw, first_issuer, monotonic(), 1.0)
+    first_seal = first._seal
+    second = seal_token(raw, second_issuer, monotonic(), 1.0)
+    assert second is not first
+    assert first._seal is first_seal
+    assert unseal(first, first_issuer) is first_seal
+    assert unseal(second, second_issuer) is second._seal
+    with pytest.raises(InvalidTokenError, match="another backend"):
+        unseal(first, second_issuer)
 
 
 def test_seal_token_refuses_bad_backend_output() -> None:

@@ -193,12 +193,14 @@ class AsyncGroupCommit(Generic[T]):
         callers to lead the next rounds, as many as may be in flight, each with a work ID no
         write in flight has."""
         woken: list[_Entry[T]] = []
-        width = self._width()
         with self._lock:
             self._keys.difference_update(keys)
             self._in_flight -= 1
             if led:
                 self._leading -= 1
+            if not self._queue:  # the usual end of a lone write: nobody to wake
+                return
+            width = self._width()
             index = 0
             while (
                 self._leading < self._rounds

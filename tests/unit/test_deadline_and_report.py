@@ -1,0 +1,75 @@
+"""The call deadline's context and the lease reporter's quiet path (shared by both flavours)."""
+
+from __future__ import annotations
+
+from worklease import ExitMode, Lease, LeaseObserver, MemoryBackend
+from worklease._deadline import bounded_by, seconds_left
+from worklease.observers import AcquireEvent, ReleaseEvent
+
+
+def test_a_deadline_holds_inside_its_block_only() -> None:
+    assert seconds_left() is None
+    with bounded_by(1e12):
+        left = seconds_left()
+        assert left is not None
+        assert left > 0
+    assert seconds_left() is None
+
+
+def test_no_deadline_inside_a_deadline_unbounds_the_inner_block() -> None:
+    with bounded_by(1e12):
+        with bounded_by(None):
+            assert seconds_left() is None
+        left = seconds_left()
+        assert left is not None
+        assert left > 1e11
+    assert seconds_left() is None
+
+
+def test_nested_deadlines_restore_the_outer_one() -> None:
+    with bounded_by(1e12):
+        with bounded_by(1e6):
+            left = seconds_left()
+            assert left is not None
+            assert left < 1e7
+        left = seconds_left()
+        assert left is not None
+        assert left > 1e11
+
+
+def test_the_deadline_is_restored_when_the_block_raises() -> None:
+    try:
+        with bounded_by(1e12):
+            raise KeyError("boom")
+    except KeyError:
+        pass
+    assert seconds_left() is None
+
+
+def test_a_plain_observer_patched_after_the_lease_was_built_hears_every_call() -> None:
+    """The default observer builds no events; one whose methods are set on the instance
+    (after the lease exists) is heard all the same."""
+    observer = LeaseObserver()
+    lease = Lease(MemoryBackend(), holder_id="h", ttl=30, observer=observer)
+    lease.release(lease.acquire("quiet"), ExitMode.FINISHED)  # nobody listens: no error
+    heard: list[object] = []
+    observer.on_acquire = heard.append  # type: ignore[method-assign,assignment]
+    observer.on_release = heard.append  # type: ignore[method-assign,assignment]
+    token = lease.acquire("loud")
+    lease.release(token, ExitMode.FINISHED)
+    assert [type(event) for event in heard] == [AcquireEvent, ReleaseEvent]
+    acquired = heard[0]
+    assert isinstance(acquired, AcquireEvent)
+    assert acquired.token == token
+
+
+def test_a_subclassed_observer_hears_its_events() -> None:
+    heard: list[ReleaseEvent] = []
+
+    class Releases(LeaseObserver):
+        def on_release(self, event: ReleaseEvent) -> None:
+            heard.append(event)
+
+    lease = Lease(MemoryBackend(), holder_id="h", ttl=30, observer=Releases())
+    lease.release(lease.acquire("w"), ExitMode.RETIRED)
+    assert [event.mode for event in heard] == [ExitMode.RETIRED]
