@@ -114,7 +114,7 @@ REPLACEMENTS: dict[str, str] = {
     "aspawn": "spawn",
     "aspawn_after": "spawn_after",
     "astart_within": "start_within",
-    "acancel_start": "cancel_start",
+    "astart_pending": "start_pending",
     "ADeferredWorker": "Worker",
     "AWorker": "Worker",
     "acall": "call",

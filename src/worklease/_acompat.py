@@ -31,7 +31,7 @@ __all__ = [
     "aabandonable",
     "abounded",
     "acall",
-    "acancel_start",
+    "astart_pending",
     "acancel_worker",
     "acleanup",
     "ajoin_all",
@@ -123,9 +123,10 @@ async def ajoin_all(workers: Sequence[AWorker], timeout: float | None = None) ->
 
 class ADeferredWorker:
     """A task started only when it is first needed: ``delay`` seconds from now (sooner with
-    ``astart_within``), unless ``acancel_start`` comes first, in which case it never runs.
-    A renewal that ends before its first attempt is due (a short hold, a runner's cycle)
-    then costs a timer, not a task and the turns of the loop that start and end it.
+    ``astart_within``). Renewals that end before the first attempt is due (short holds, a
+    runner's cycles) then cost one timer among them all, not a task each and the turns of
+    the loop that start and end it; started with nothing left to renew, the task ends at
+    once.
 
     ``unstarted`` is called if the task is cancelled before its first step (a "cancel every
     task" sweep right after it was created): its coroutine then never runs at all, so it
@@ -176,31 +177,15 @@ class ADeferredWorker:
     def done(self) -> bool:
         return self._timer is None and (self._task is None or self._task.done())
 
+    def start_pending(self) -> bool:
+        return self._timer is not None
+
     def start_within(self, delay: float) -> None:
         timer = self._timer
         if timer is not None and self._loop.time() + delay < self._at:
             timer.cancel()
             self._timer = None
             self._arm(delay)
-
-    def cancel_start(self) -> bool:
-        """Cancel the start if it is still to come (from any thread: the loop's own timer is
-        cancelled on the loop)."""
-        timer, self._timer = self._timer, None  # one read: the loop may be starting it now
-        if timer is None:
-            return False
-        if _off_loop(self._loop):
-            self._loop.call_soon_threadsafe(timer.cancel)
-        else:
-            timer.cancel()
-        return True
-
-
-def _off_loop(loop: asyncio.AbstractEventLoop) -> bool:
-    try:
-        return asyncio.get_running_loop() is not loop
-    except RuntimeError:
-        return True
 
 
 def aspawn_after(
@@ -220,9 +205,9 @@ def astart_within(worker: ADeferredWorker, delay: float) -> None:
     worker.start_within(delay)
 
 
-def acancel_start(worker: ADeferredWorker) -> bool:
-    """Cancel a deferred task that has not started yet; whether it was cancelled so."""
-    return worker.cancel_start()
+def astart_pending(worker: ADeferredWorker) -> bool:
+    """Whether a deferred task's start is still to come (its timer not fired or cancelled)."""
+    return worker.start_pending()
 
 
 def aworker_alive(worker: AWorker | ADeferredWorker) -> bool:

@@ -27,7 +27,7 @@ __all__ = [
     "abandonable",
     "bounded",
     "call",
-    "cancel_start",
+    "start_pending",
     "cancel_worker",
     "cleanup",
     "join_all",
@@ -104,7 +104,7 @@ def start_within(worker: Worker, delay: float) -> None:
     """A thread started already."""
 
 
-def cancel_start(worker: Worker) -> bool:
+def start_pending(worker: Worker) -> bool:
     """A thread started already."""
     return False
 

@@ -127,6 +127,51 @@ async def test_a_renewal_ended_before_its_first_attempt_starts_no_worker() -> No
         assert len(_renewer_tasks()) == 1
 
 
+async def test_short_renewals_one_after_another_share_one_pending_start(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A runner's cycles: each renewal ends before its first attempt is due. They share one
+    deferred start of the worker (one timer, one renewer), not one each."""
+    import worklease._async.renewal as renewal_module
+    from worklease._acompat import aspawn_after as spawn
+
+    spawned: list[object] = []
+
+    def counting(*args: Any, **kwargs: Any) -> Any:
+        worker = spawn(*args, **kwargs)
+        spawned.append(worker)
+        return worker
+
+    monkeypatch.setattr(renewal_module, "aspawn_after", counting)
+    backend = Counting()
+    lease = AsyncLease(backend, holder_id="a", ttl=30.0)
+    for index in range(5):
+        token = await lease.acquire(f"cycle-{index}")
+        async with lease.renewal(token, interval=10.0):
+            await asyncio.sleep(0)
+    assert len(spawned) == 1
+    assert _renewer_tasks() == []
+    assert backend.renewed == []
+
+
+async def test_a_worker_started_with_nothing_left_to_renew_ends_and_the_next_gets_one() -> None:
+    backend = Counting()
+    lease = AsyncLease(backend, holder_id="a", ttl=30.0)
+    token = await lease.acquire("brief")
+    async with lease.renewal(token, interval=0.05):
+        pass  # ends before its first attempt: the worker's start stays due in 0.05 s
+    for _ in range(round(PROMPT / 0.01)):  # it starts, finds nothing, and ends
+        await asyncio.sleep(0.01)
+        if not _renewer_tasks():
+            break
+    await asyncio.sleep(0.1)
+    assert _renewer_tasks() == []
+    assert backend.renewed == []
+    again = await lease.acquire("next")
+    async with lease.renewal(again, interval=0.05):
+        assert await _renewed(backend, "next")
+
+
 async def test_an_earlier_renewal_brings_the_workers_start_forward() -> None:
     backend = Counting()
     lease = AsyncLease(backend, holder_id="a", ttl=30.0)

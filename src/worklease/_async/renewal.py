@@ -14,9 +14,9 @@ from .._acompat import (
     AHostCanceller,
     ThreadLock,
     aabandonable,
-    acancel_start,
     aloop_key,
     aspawn_after,
+    astart_pending,
     astart_within,
     aworker_alive,
 )
@@ -314,14 +314,13 @@ class AsyncRenewer:
             if self._members:
                 return  # the worker finds out when it next wakes
             worker = self._worker
-            unstarted = worker is not None and acancel_start(worker)
-            if unstarted:
-                self._worker = None
-            elif ARENEWER_LINGER:
+            if worker is not None and astart_pending(worker):
+                # Its start is still to come: left as it is, it serves the renewals that
+                # follow (a runner's next cycles cost no timer and no renewer of their own);
+                # started with nothing to renew, it ends at once.
+                return
+            if ARENEWER_LINGER:
                 return  # the worker finds out when it next wakes
-        if unstarted:  # nothing ever ran: forget this renewer as an idle worker would
-            self._renewals.retire(self._key, self)
-            return
         wake.set()  # nothing left: a worker that ends at once should not wait for a due
 
     def retire_if_idle(self) -> bool:

@@ -17,9 +17,9 @@ from .._compat import (
     ThreadLock,
     Worker,
     abandonable,
-    cancel_start,
     loop_key,
     spawn_after,
+    start_pending,
     start_within,
     worker_alive,
 )
@@ -317,14 +317,13 @@ class Renewer:
             if self._members:
                 return  # the worker finds out when it next wakes
             worker = self._worker
-            unstarted = worker is not None and cancel_start(worker)
-            if unstarted:
-                self._worker = None
-            elif RENEWER_LINGER:
+            if worker is not None and start_pending(worker):
+                # Its start is still to come: left as it is, it serves the renewals that
+                # follow (a runner's next cycles cost no timer and no renewer of their own);
+                # started with nothing to renew, it ends at once.
+                return
+            if RENEWER_LINGER:
                 return  # the worker finds out when it next wakes
-        if unstarted:  # nothing ever ran: forget this renewer as an idle worker would
-            self._renewals.retire(self._key, self)
-            return
         wake.set()  # nothing left: a worker that ends at once should not wait for a due
 
     def retire_if_idle(self) -> bool:
