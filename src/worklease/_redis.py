@@ -118,13 +118,15 @@ if r[2] then
 end
 local token = math.max((tonumber(r[1]) or 0) + 1, now * 1024)
 local expires = now + tonumber(ARGV[2])
-redis.call('HSET', KEYS[1], 't', int(token), 'h', ARGV[1], 'e', int(expires),
-  'a', int(now), 'u', int(now), 'pe', prev_exit)
-redis.call('HDEL', KEYS[1], 'x', 'n')
+-- Three calls in all: the previous holder goes in with the grant, or out with the exit
 if r[2] then
-  redis.call('HSET', KEYS[1], 'ph', r[2])
+  redis.call('HSET', KEYS[1], 't', int(token), 'h', ARGV[1], 'e', int(expires),
+    'a', int(now), 'u', int(now), 'pe', prev_exit, 'ph', r[2])
+  redis.call('HDEL', KEYS[1], 'x', 'n')
 else
-  redis.call('HDEL', KEYS[1], 'ph')
+  redis.call('HSET', KEYS[1], 't', int(token), 'h', ARGV[1], 'e', int(expires),
+    'a', int(now), 'u', int(now), 'pe', prev_exit)
+  redis.call('HDEL', KEYS[1], 'x', 'n', 'ph')
 end
 return {1, int(token), expires, prev_exit, r[2] or false, r[5] or false}
 """

@@ -206,6 +206,8 @@ def test_replicas_waits_for_the_replica_and_says_when_it_did_not_confirm(
         deadline = monotonic() + 30
         while client.wait(1, 100) < 1:
             assert monotonic() < deadline, "the replica did not link up"
+        # Confirmed writes, with a bound a loaded machine meets (0.2 s refused them above)
+        backend = RedisBackend(client, prefix="rep:", replicas=1, replica_timeout=30)
         backend.checkpoint(token, b"on both", 30)
         backend.renew(token, 30)
         assert backend.checkpoint_many([(token, b"both again")], 30) == [None]
