@@ -131,6 +131,7 @@ def bench(session: nox.Session) -> None:
     )  # fmt: skip
     session.run("python", "benchmarks/bench_etcd.py", *dsn)
     session.run("python", "benchmarks/bench_redis.py")
+    session.run("python", "benchmarks/bench_redis_capacity.py")
     session.run("python", "benchmarks/bench_memory_scale.py")
 
 

@@ -360,3 +360,29 @@ def test_bench_redis_writes_every_row(tmp_path: Path) -> None:
     assert len(summary["Cluster of 3 masters"]["per_node_cores"]) == 3
     assert isinstance(data["scaling"]["cluster_target_met"], bool)
     assert set(data["server_times"]) == {"worklease", "hand-written", "redis-py Lock"}
+
+
+CAPACITY_SCRIPT = SCRIPT.with_name("bench_redis_capacity.py")
+
+
+@pytest.mark.redis
+@pytest.mark.usefixtures("redis_server")  # skips (or fails under CI=true) without redis-server
+def test_bench_redis_capacity_writes_both_clusters(tmp_path: Path) -> None:
+    result = subprocess.run(
+        [sys.executable, str(CAPACITY_SCRIPT), "--calls", "2000", "--rounds", "2",
+         "--clients", "4", "--pipeline", "2", "--threads", "1", "--output", str(tmp_path)],
+        capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-4000:]
+    table = (tmp_path / "redis_capacity.md").read_text(encoding="utf-8")
+    assert "| 1 |" in table
+    assert "| 3 |" in table
+    assert "3 masters / 1 master:" in table
+    data = json.loads((tmp_path / "redis_capacity.json").read_text(encoding="utf-8"))
+    rounds = data["rounds"]
+    assert sorted(r["masters"] for r in rounds) == [1, 1, 3, 3]
+    for entry in rounds:
+        assert entry["calls"] == 2000
+        assert entry["seconds"] > 0
+        assert len(entry["server_cpu"]) == entry["masters"]
+        assert sum(entry["server_cpu"]) > 0  # the servers ran the script
