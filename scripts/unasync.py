@@ -131,6 +131,7 @@ REPLACEMENTS: dict[str, str] = {
     "wait_timeout": "wait",
     "set_threadsafe": "set",
     "aloop_key": "loop_key",
+    "aloop_gone": "loop_gone",
     "aworker_alive": "worker_alive",
     "aabandonable": "abandonable",
     "ARENEWER_LINGER": "RENEWER_LINGER",

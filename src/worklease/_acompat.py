@@ -35,6 +35,7 @@ __all__ = [
     "acancel_worker",
     "acleanup",
     "ajoin_all",
+    "aloop_gone",
     "aloop_key",
     "ashielded",
     "asleep",
@@ -130,9 +131,13 @@ class ADeferredWorker:
 
     ``unstarted`` is called if the task is cancelled before its first step (a "cancel every
     task" sweep right after it was created): its coroutine then never runs at all, so it
-    could not say so itself."""
+    could not say so itself. ``idle`` is asked when the timer fires: ``True`` (nothing to
+    do by then) and no task starts at all, so none is left pending when a loop shuts down."""
 
-    __slots__ = ("_args", "_at", "_fn", "_loop", "_name", "_ran", "_task", "_timer", "_unstarted")
+    __slots__ = (
+        "_args", "_at", "_fn", "_idle", "_loop", "_name", "_ran", "_task", "_timer",
+        "_unstarted",
+    )  # fmt: skip
 
     def __init__(
         self,
@@ -141,11 +146,13 @@ class ADeferredWorker:
         args: Any,
         name: str,
         unstarted: Callable[[], object] | None = None,
+        idle: Callable[[], bool] | None = None,
     ) -> None:
         self._fn = fn
         self._args = args
         self._name = name
         self._unstarted = unstarted
+        self._idle = idle
         self._loop = asyncio.get_running_loop()
         self._task: asyncio.Task[None] | None = None
         self._timer: asyncio.TimerHandle | None = None
@@ -158,7 +165,13 @@ class ADeferredWorker:
             self._start()
         else:
             self._at = self._loop.time() + delay
-            self._timer = self._loop.call_at(self._at, self._start)
+            self._timer = self._loop.call_at(self._at, self._fire)
+
+    def _fire(self) -> None:
+        if self._idle is not None and self._idle():
+            self._timer = None  # nothing to do: it never starts (done from now on)
+            return
+        self._start()
 
     def _start(self) -> None:
         self._timer = None
@@ -194,10 +207,11 @@ def aspawn_after(
     *args: Any,
     name: str,
     unstarted: Callable[[], object] | None = None,
+    idle: Callable[[], bool] | None = None,
 ) -> ADeferredWorker:
     """Run ``fn(*args)`` as a task on the running loop ``delay`` seconds from now
-    (``unstarted``: see ``ADeferredWorker``)."""
-    return ADeferredWorker(delay, fn, args, name, unstarted)
+    (``unstarted``, ``idle``: see ``ADeferredWorker``)."""
+    return ADeferredWorker(delay, fn, args, name, unstarted, idle)
 
 
 def astart_within(worker: ADeferredWorker, delay: float) -> None:
@@ -223,6 +237,11 @@ def acancel_worker(worker: AWorker) -> None:
 def aloop_key() -> object:
     """What shares one background worker: the running event loop."""
     return asyncio.get_running_loop()
+
+
+def aloop_gone(key: object) -> bool:
+    """Whether the loop ``aloop_key`` returned has closed (its worker can never run)."""
+    return isinstance(key, asyncio.AbstractEventLoop) and key.is_closed()
 
 
 ABATCH_LINGER = 0.0

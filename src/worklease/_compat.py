@@ -31,6 +31,7 @@ __all__ = [
     "cancel_worker",
     "cleanup",
     "join_all",
+    "loop_gone",
     "loop_key",
     "shielded",
     "sleep",
@@ -94,9 +95,11 @@ def spawn_after(
     *args: Any,
     name: str,
     unstarted: Callable[[], object] | None = None,
+    idle: Callable[[], bool] | None = None,
 ) -> Worker:
     """A thread is started at once (it lingers between uses, ``RENEWER_LINGER``, so deferring
-    its start would save nothing) and always runs: ``unstarted`` is never called."""
+    its start would save nothing) and always runs: ``unstarted`` and ``idle`` are never
+    called."""
     return spawn(fn, *args, name=name)
 
 
@@ -121,6 +124,11 @@ def cancel_worker(worker: Worker) -> None:
 def loop_key() -> object:
     """What shares one background worker: every thread of the process."""
     return None
+
+
+def loop_gone(key: object) -> bool:
+    """The process's threads never close."""
+    return False
 
 
 BATCH_LINGER = 0.002

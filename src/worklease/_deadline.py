@@ -26,13 +26,17 @@ class bounded_by:  # a function's name: used as ``with bounded_by(deadline):``
     A class rather than a generator context manager: it guards every checkpoint and
     release, and a block that changes nothing (no deadline inside none) sets nothing."""
 
-    __slots__ = ("_deadline", "_reset")
+    __slots__ = ("_deadline", "_entered", "_reset")
 
     def __init__(self, deadline: float | None) -> None:
         self._deadline = deadline
         self._reset: Token[float | None] | None = None
+        self._entered = False
 
     def __enter__(self) -> None:
+        if self._entered:  # its one reset slot would be overwritten
+            raise RuntimeError("bounded_by() guards one block: make a new one for another")
+        self._entered = True
         if self._deadline is not None or _deadline.get() is not None:
             self._reset = _deadline.set(self._deadline)
 

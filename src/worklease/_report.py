@@ -37,6 +37,17 @@ __all__ = ["LeaseReporter", "Reported", "reported", "scan_report", "sweep_report
 
 _R = TypeVar("_R")
 
+_OBSERVER_METHODS = LeaseObserver.__dict__
+"""The observer class's own attributes (a live view: a method patched on the class shows)."""
+_QUIET = {
+    name: _OBSERVER_METHODS[name]
+    for name in (
+        "on_acquire", "on_read_checkpoint", "on_checkpoint", "on_renew", "on_release",
+        "on_fenced",
+    )
+}  # fmt: skip
+"""The do-nothing methods it ships with."""
+
 
 class Reported(Generic[_R]):
     """Times the ``with`` block it guards and reports it when the block ends.
@@ -82,11 +93,14 @@ class LeaseReporter:
     def __init__(self, observer: LeaseObserver) -> None:
         self.observer = observer
 
-    def _silent(self) -> bool:
-        """Whether the observer does nothing at all (the default one, not patched): then no
-        event is built. Asked at every call, so an observer patched later is heard."""
+    def _silent(self, *callbacks: str) -> bool:
+        """Whether the observer's ``callbacks`` do nothing (the default observer, patched
+        neither on the instance nor on the class): then no event is built. Asked at every
+        call, so an observer patched later is heard."""
         observer = self.observer
-        return type(observer) is LeaseObserver and not observer.__dict__
+        if type(observer) is not LeaseObserver or observer.__dict__:
+            return False
+        return all(_OBSERVER_METHODS[name] is _QUIET[name] for name in callbacks)
 
     def _fenced(self, token: Token, operation: Operation, error: Exception | None) -> None:
         if isinstance(error, FencedError):
@@ -97,8 +111,7 @@ class LeaseReporter:
     def acquire(self, work_id: str) -> Reported[tuple[Token, Checkpoint | None]]:
         """An acquire; set ``result`` to ``(token, prior)`` (``prior``: read with it, or
         ``None``)."""
-
-        if self._silent():
+        if self._silent("on_acquire", "on_read_checkpoint"):
             return Reported(None)
 
         def finish(
@@ -140,7 +153,7 @@ class LeaseReporter:
         return Reported(finish)
 
     def checkpoint(self, token: Token, size: int) -> Reported[None]:
-        if self._silent():
+        if self._silent("on_checkpoint", "on_fenced"):
             return Reported(None)
 
         def finish(duration: float, error: Exception | None, _: None) -> None:
@@ -150,7 +163,7 @@ class LeaseReporter:
         return Reported(finish)
 
     def renew(self, token: Token, attempt: int) -> Reported[None]:
-        if self._silent():
+        if self._silent("on_renew", "on_fenced"):
             return Reported(None)
 
         def finish(duration: float, error: Exception | None, _: None) -> None:
@@ -164,7 +177,7 @@ class LeaseReporter:
         self._fenced(token, Operation.RENEW, error)
 
     def release(self, token: Token, mode: ExitMode) -> Reported[None]:
-        if self._silent():
+        if self._silent("on_release", "on_fenced"):
             return Reported(None)
 
         def finish(duration: float, error: Exception | None, _: None) -> None:

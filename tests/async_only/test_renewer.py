@@ -154,22 +154,50 @@ async def test_short_renewals_one_after_another_share_one_pending_start(
     assert backend.renewed == []
 
 
-async def test_a_worker_started_with_nothing_left_to_renew_ends_and_the_next_gets_one() -> None:
+async def test_a_start_due_with_nothing_left_to_renew_starts_no_task(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The pending start comes after the renewal ended: no task starts, the renewer is
+    retired, and the next renewal gets a worker of its own."""
+    created: list[str] = []
+    loop = asyncio.get_running_loop()
+    create_task = loop.create_task
+
+    def recording(coro: Any, **kwargs: Any) -> asyncio.Task[object]:
+        created.append(str(kwargs.get("name")))
+        return create_task(coro, **kwargs)
+
+    monkeypatch.setattr(loop, "create_task", recording)
     backend = Counting()
     lease = AsyncLease(backend, holder_id="a", ttl=30.0)
     token = await lease.acquire("brief")
     async with lease.renewal(token, interval=0.05):
         pass  # ends before its first attempt: the worker's start stays due in 0.05 s
-    for _ in range(round(PROMPT / 0.01)):  # it starts, finds nothing, and ends
-        await asyncio.sleep(0.01)
-        if not _renewer_tasks():
-            break
-    await asyncio.sleep(0.1)
-    assert _renewer_tasks() == []
-    assert backend.renewed == []
+    await asyncio.sleep(0.3)  # well past the start's time
+    assert "worklease-renewals" not in created
+    assert lease._renewals._renewers == {}
     again = await lease.acquire("next")
     async with lease.renewal(again, interval=0.05):
         assert await _renewed(backend, "next")
+    assert created.count("worklease-renewals") == 1
+
+
+def test_a_renewer_left_on_a_closed_loop_is_dropped_by_the_next_loop() -> None:
+    """A loop that closes while a worker's start is pending never runs it: the next loop's
+    first renewal drops that renewer (and its loop) instead of keeping one per loop."""
+    lease_box: list[AsyncLease] = []
+
+    async def one_short_hold(work_id: str) -> None:
+        if not lease_box:
+            lease_box.append(AsyncLease(AsyncMemoryBackend(), holder_id="a", ttl=30.0))
+        lease = lease_box[0]
+        token = await lease.acquire(work_id)
+        async with lease.renewal(token, interval=10.0):
+            pass
+
+    for index in range(5):
+        asyncio.run(one_short_hold(f"w{index}"))
+        assert len(lease_box[0]._renewals._renewers) == 1  # this run's, its loop now closed
 
 
 async def test_an_earlier_renewal_brings_the_workers_start_forward() -> None:

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
-from worklease import ExitMode, Lease, LeaseObserver, MemoryBackend
+from unittest import mock
+
+import pytest
+
+from worklease import ExitMode, FencedError, Lease, LeaseObserver, MemoryBackend
 from worklease._deadline import bounded_by, seconds_left
 from worklease.observers import AcquireEvent, ReleaseEvent
 
@@ -44,6 +48,28 @@ def test_the_deadline_is_restored_when_the_block_raises() -> None:
     except KeyError:
         pass
     assert seconds_left() is None
+
+
+def test_one_bound_guards_one_block() -> None:
+    bound = bounded_by(1e12)
+    with bound, pytest.raises(RuntimeError, match="one block"):
+        bound.__enter__()
+    assert seconds_left() is None
+
+
+def test_an_observer_method_patched_on_the_class_is_heard() -> None:
+    lease = Lease(MemoryBackend(), holder_id="h", ttl=30)  # the default observer
+    with (
+        mock.patch.object(LeaseObserver, "on_acquire") as on_acquire,
+        mock.patch.object(LeaseObserver, "on_fenced") as on_fenced,
+    ):
+        token = lease.acquire("patched")
+        lease.forget(token)
+        with pytest.raises(FencedError):
+            lease.checkpoint(token, b"late")
+    assert on_acquire.call_count == 1
+    assert on_fenced.call_count == 1
+    lease.release(lease.acquire("quiet again"), ExitMode.FINISHED)  # unpatched: no error
 
 
 def test_a_plain_observer_patched_after_the_lease_was_built_hears_every_call() -> None:

@@ -14,6 +14,7 @@ from .._acompat import (
     AHostCanceller,
     ThreadLock,
     aabandonable,
+    aloop_gone,
     aloop_key,
     aspawn_after,
     astart_pending,
@@ -236,6 +237,10 @@ class AsyncRenewals:
         with self._lock:
             renewer = self._renewers.get(key)
             if renewer is None:
+                # A renewer whose loop closed before its worker's start came would stay
+                # (nothing on that loop runs again): drop it now, with its loop.
+                for gone in [other for other in self._renewers if aloop_gone(other)]:
+                    del self._renewers[gone]
                 renewer = self._renewers[key] = AsyncRenewer(self, key)
             renewer.add(renewal)
 
@@ -294,6 +299,7 @@ class AsyncRenewer:
                     self._run,
                     name="worklease-renewals",
                     unstarted=self._cancelled_before_it_ran,
+                    idle=self._retired_at_start,
                 )
                 return
             if due >= self._wakes_at > 0.0:
@@ -317,7 +323,7 @@ class AsyncRenewer:
             if worker is not None and astart_pending(worker):
                 # Its start is still to come: left as it is, it serves the renewals that
                 # follow (a runner's next cycles cost no timer and no renewer of their own);
-                # started with nothing to renew, it ends at once.
+                # due with nothing to renew, it never starts (_retired_at_start).
                 return
             if ARENEWER_LINGER:
                 return  # the worker finds out when it next wakes
@@ -345,6 +351,11 @@ class AsyncRenewer:
             # holders believing otherwise.
             self._abort(exc)
             raise
+
+    def _retired_at_start(self) -> bool:
+        """When the worker's start comes: with nothing left to renew, this renewer is
+        retired instead (no task starts); otherwise the worker starts."""
+        return self._renewals.retire(self._key, self)
 
     def _cancelled_before_it_ran(self) -> None:
         """The worker was cancelled before its first step (a sweep cancelling every task):
