@@ -139,7 +139,10 @@ def seal_token(raw: Token, issuer: object, call_start: float, ttl: float) -> Tok
         raise ValueError("backend returned a naive expires_at; it must be timezone-aware")
     # A fresh token from the backend is sealed as it is (building a frozen dataclass again
     # costs more than the rest of the lease's bookkeeping for the call); one already sealed
-    # (a backend handing out an object twice) is copied, so no seal is ever replaced.
+    # (a backend handing out an object twice) is copied, so no seal is ever replaced. The
+    # check is not atomic: it relies on a grant's token object going to that one grant, as
+    # every backend here builds a new one per grant (two grants of one object at the same
+    # time would be the same token granted twice).
     token = raw
     if raw._seal is not None or type(raw) is not Token:
         token = Token(raw.work_id, raw.holder_id, raw.fencing_token, raw.expires_at)
