@@ -427,7 +427,7 @@ WHERE work_id = %(work_id)s AND holder_id = %(holder_id)s AND fencing_token = %(
 RETURNING true""",
             renew=b"""UPDATE worklease_leases SET expires_at = now() + %(ttl)s, updated_at = now()
 WHERE work_id = %(work_id)s AND holder_id = %(holder_id)s AND fencing_token = %(token)s
-    AND expires_at > now()
+    AND expires_at > now() AND exit_mode IS NULL
 RETURNING true""",
             release=b"""UPDATE worklease_leases
 SET exit_mode = %(mode)s, expires_at = now() - interval '1 millisecond', updated_at = now()

@@ -608,7 +608,13 @@ LEFT JOIN changed AS r ON r.work_id = i.work_id
 ORDER BY i.n"""
             )
 
-        self.renew_many = build(per_token("expires_at = now() + %(ttl)s, updated_at = now()"))
+        # A renewal never extends a released lease (see renew).
+        self.renew_many = build(
+            per_token(
+                "expires_at = now() + %(ttl)s, updated_at = now()",
+                guard="l.expires_at > now() AND l.exit_mode IS NULL",
+            )
+        )
         # A release wakes the waiters on its work ID (NOTIFY at commit), as release does.
         self.release_many = build(
             per_token(
@@ -659,10 +665,13 @@ SET checkpoint = %(state)s, expires_at = now() + %(ttl)s, updated_at = now()
 WHERE {owned} AND exit_mode IS NULL
 RETURNING true"""
         )
-        # Renewals are bounded by one TTL (see bounded()).
+        # Renewals are bounded by one TTL (see bounded()). The exit check is not redundant:
+        # now() is the statement's start, so a renewal that waited on the row lock while the
+        # holder's release committed would find the released expiry (the release's now()
+        # less 1 ms) still after its own now(), and extend a released lease.
         self.renew = build(
             f"""UPDATE {{table}} SET expires_at = now() + %(ttl)s, updated_at = now()
-WHERE {owned} AND expires_at > now()
+WHERE {owned} AND expires_at > now() AND exit_mode IS NULL
 RETURNING true"""
         )
         self.release = build(

@@ -735,6 +735,59 @@ async def test_batch_methods_validate_before_any_io(postgres_dsn: str) -> None:
     await backend.close()
 
 
+@pytest.mark.parametrize("many", [False, True], ids=["renew", "renew_many"])
+async def test_a_renewal_waiting_on_the_row_never_extends_a_release_committed_meanwhile(
+    backend: AsyncPostgresBackend, postgres_dsn: str, many: bool
+) -> None:
+    """A renewal sent just before the holder's release waits for the release's row lock;
+    once the release commits, the renewal finds the lease released (not extended). The
+    release began after the renewal, so the released expiry (its start less 1 ms) is later
+    than the renewal's now(): an expiry check alone passed it, and the released lease was
+    extended for a TTL (a successor was refused for that long)."""
+    token = await backend.acquire("renew-vs-release", "holder", TTL)
+    async with (
+        await AsyncConnection.connect(postgres_dsn) as releaser,
+        await AsyncConnection.connect(postgres_dsn, autocommit=True) as watcher,
+    ):
+        await releaser.execute(
+            "SELECT 1 FROM worklease_leases WHERE work_id = %s FOR UPDATE", (token.work_id,)
+        )
+
+        async def step(index: int) -> object:
+            if index == 0:
+                if many:
+                    return await backend.renew_many([token], TTL)
+                await backend.renew(token, TTL)
+                return None
+            for _ in range(3000):
+                if await lock_waiters(watcher) >= 1:
+                    break
+                await asleep(0.01)
+            else:
+                raise AssertionError("the renewal never waited on the row")
+            await asleep(0.05)  # the release's clock is now past the renewal's now()
+            await releaser.execute(
+                "UPDATE worklease_leases SET exit_mode = 'finished',"
+                " expires_at = clock_timestamp() - interval '1 millisecond'"
+                " WHERE work_id = %s",
+                (token.work_id,),
+            )
+            await releaser.commit()
+            return None
+
+        renewed, _ = await aspawn_all(step, 2)
+    if many:
+        assert isinstance(renewed, list)
+        assert len(renewed) == 1
+        assert isinstance(renewed[0], LeaseExpiredError), renewed
+    else:
+        assert isinstance(renewed, LeaseExpiredError), renewed
+    stored = row(postgres_dsn, "renew-vs-release")
+    assert (stored["exit"], stored["expired"]) == ("finished", True)
+    successor = await backend.acquire("renew-vs-release", "next", TTL)
+    assert successor.fencing_token > token.fencing_token
+
+
 async def test_concurrent_renew_many_no_deadlock(
     pool: AsyncConnectionPool[Any], postgres_dsn: str
 ) -> None:

@@ -728,6 +728,59 @@ def test_batch_methods_validate_before_any_io(postgres_dsn: str) -> None:
     backend.close()
 
 
+@pytest.mark.parametrize("many", [False, True], ids=["renew", "renew_many"])
+def test_a_renewal_waiting_on_the_row_never_extends_a_release_committed_meanwhile(
+    backend: PostgresBackend, postgres_dsn: str, many: bool
+) -> None:
+    """A renewal sent just before the holder's release waits for the release's row lock;
+    once the release commits, the renewal finds the lease released (not extended). The
+    release began after the renewal, so the released expiry (its start less 1 ms) is later
+    than the renewal's now(): an expiry check alone passed it, and the released lease was
+    extended for a TTL (a successor was refused for that long)."""
+    token = backend.acquire("renew-vs-release", "holder", TTL)
+    with (
+        Connection.connect(postgres_dsn) as releaser,
+        Connection.connect(postgres_dsn, autocommit=True) as watcher,
+    ):
+        releaser.execute(
+            "SELECT 1 FROM worklease_leases WHERE work_id = %s FOR UPDATE", (token.work_id,)
+        )
+
+        def step(index: int) -> object:
+            if index == 0:
+                if many:
+                    return backend.renew_many([token], TTL)
+                backend.renew(token, TTL)
+                return None
+            for _ in range(3000):
+                if lock_waiters(watcher) >= 1:
+                    break
+                sleep(0.01)
+            else:
+                raise AssertionError("the renewal never waited on the row")
+            sleep(0.05)  # the release's clock is now past the renewal's now()
+            releaser.execute(
+                "UPDATE worklease_leases SET exit_mode = 'finished',"
+                " expires_at = clock_timestamp() - interval '1 millisecond'"
+                " WHERE work_id = %s",
+                (token.work_id,),
+            )
+            releaser.commit()
+            return None
+
+        renewed, _ = spawn_all(step, 2)
+    if many:
+        assert isinstance(renewed, list)
+        assert len(renewed) == 1
+        assert isinstance(renewed[0], LeaseExpiredError), renewed
+    else:
+        assert isinstance(renewed, LeaseExpiredError), renewed
+    stored = row(postgres_dsn, "renew-vs-release")
+    assert (stored["exit"], stored["expired"]) == ("finished", True)
+    successor = backend.acquire("renew-vs-release", "next", TTL)
+    assert successor.fencing_token > token.fencing_token
+
+
 def test_concurrent_renew_many_no_deadlock(pool: ConnectionPool[Any], postgres_dsn: str) -> None:
     """Two backends renew_many the same 200 tokens at once, in a shuffled order and its
     reverse, while a third transaction holds the row in the middle until both wait: both
