@@ -14,7 +14,8 @@ asyncio flavour, this measures five sides on connections of one pool, in autocom
   worklease's statements, on the same table and with the same psycopg defaults: the upsert
   also issues the timeline token (the WAL timeline in the high bits, never less than the
   row's token + 1) and records the previous holder and its exit, every write sets
-  ``updated_at`` and is guarded by the holder too, and the release notifies waiters;
+  ``updated_at`` and is guarded by the holder too, the renewal refuses a released lease,
+  and the release notifies waiters;
 - the same-text floor: the very statement worklease's simple mode sends (same SQL text, same
   parameters) through a plain ``ClientCursor``, so the protocol's cost is visible.
 
@@ -403,7 +404,8 @@ RETURNING true""",
         on the same table: the upsert issues the timeline token (the WAL timeline in the high
         bits, never less than the row's token + 1) and records the previous holder and its
         exit; every write sets ``updated_at`` and is guarded by the holder as well as the
-        token; the release notifies waiters. No transaction pin, no read of the holder when
+        token; the renewal refuses a released lease; the release notifies waiters. No
+        transaction pin, no read of the holder when
         not granted, no ``current_schema()``: one plain statement per operation."""
         return cls(
             acquire=b"""INSERT INTO worklease_leases AS l
@@ -1129,8 +1131,9 @@ def render_markdown(report: Report) -> str:
         "with the same defaults: the acquire also issues the timeline token (the server's "
         "WAL timeline in the high bits, never less than the row's last token + 1) and "
         "records the previous holder and how it exited, every write also sets `updated_at` "
-        "and checks the holder as well as the token, and the release wakes waiters with a "
-        "notification. **same text**: the statement worklease's simple mode sends, through "
+        "and checks the holder as well as the token, the renewal refuses a released lease, "
+        "and the release wakes waiters with a notification. **same text**: the statement "
+        "worklease's simple mode sends, through "
         "a plain `ClientCursor`. All on connections of one pool. Ratio = median / floor "
         "median; ratio (same effect) = median / same-effect median. For the Runner cycle the "
         "floors run acquire + checkpoint + release in a row; in the pals row the floor column "

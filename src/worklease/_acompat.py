@@ -126,8 +126,8 @@ class ADeferredWorker:
     """A task started only when it is first needed: ``delay`` seconds from now (sooner with
     ``astart_within``). Renewals that end before the first attempt is due (short holds, a
     runner's cycles) then cost one timer among them all, not a task each and the turns of
-    the loop that start and end it; started with nothing left to renew, the task ends at
-    once.
+    the loop that start and end it; a start that comes when nothing is left to do starts no
+    task (``idle``).
 
     ``unstarted`` is called if the task is cancelled before its first step (a "cancel every
     task" sweep right after it was created): its coroutine then never runs at all, so it

@@ -28,7 +28,15 @@ from worklease import (
 from worklease._acompat import ThreadLock
 from worklease.testing import FakeClock
 
-__all__ = ["METHODS", "Call", "ScriptedBackend", "lock_waiters", "spin", "transient"]
+__all__ = [
+    "METHODS",
+    "Call",
+    "ScriptedBackend",
+    "lock_waiters",
+    "spin",
+    "transient",
+    "until_lock_waiters",
+]
 
 StateLike = bytes | bytearray | memoryview
 
@@ -277,6 +285,16 @@ async def lock_waiters(conn: AsyncConnection[Any]) -> int:
     )
     found = await cursor.fetchone()
     return int(found[0]) if found else 0
+
+
+async def until_lock_waiters(conn: AsyncConnection[Any], count: int, what: str) -> None:
+    """Wait (up to 30 s) until ``count`` sessions of ``conn``'s database wait on a lock;
+    ``AssertionError`` naming ``what`` otherwise."""
+    for _ in range(3000):
+        if await lock_waiters(conn) >= count:
+            return
+        await asleep(0.01)
+    raise AssertionError(f"{what} never waited on a lock")
 
 
 async def open_backend(

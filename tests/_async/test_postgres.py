@@ -44,7 +44,7 @@ from worklease._pg import TOKEN_TIMELINE_SHIFT
 from worklease.observers import ReadCheckpointEvent
 from worklease.testing import RecordingObserver
 
-from .helpers import lock_waiters
+from .helpers import until_lock_waiters
 
 pytestmark = pytest.mark.postgres
 
@@ -683,12 +683,7 @@ async def test_concurrent_acquire_many_no_deadlock_each_id_once(
             if index < 2:
                 holder = "bulk-holder-" + str(index)
                 return await backends[index].acquire_many(orders[index], holder, TTL)
-            for _ in range(3000):
-                if await lock_waiters(watcher) >= 2:
-                    break
-                await asleep(0.01)
-            else:
-                raise AssertionError("the two batches never both waited on a lock")
+            await until_lock_waiters(watcher, 2, "the two batches")
             await blocker.commit()
             return []
 
@@ -759,12 +754,7 @@ async def test_a_renewal_waiting_on_the_row_never_extends_a_release_committed_me
                     return await backend.renew_many([token], TTL)
                 await backend.renew(token, TTL)
                 return None
-            for _ in range(3000):
-                if await lock_waiters(watcher) >= 1:
-                    break
-                await asleep(0.01)
-            else:
-                raise AssertionError("the renewal never waited on the row")
+            await until_lock_waiters(watcher, 1, "the renewal")
             await asleep(0.05)  # the release's clock is now past the renewal's now()
             await releaser.execute(
                 "UPDATE worklease_leases SET exit_mode = 'finished',"
@@ -815,12 +805,7 @@ async def test_concurrent_renew_many_no_deadlock(
         async def renew(index: int) -> list[Any]:
             if index < 2:
                 return await backends[index].renew_many(orders[index], TTL)
-            for _ in range(3000):
-                if await lock_waiters(watcher) >= 2:
-                    break
-                await asleep(0.01)
-            else:
-                raise AssertionError("the two batches never both waited on a lock")
+            await until_lock_waiters(watcher, 2, "the two batches")
             await blocker.commit()
             return []
 

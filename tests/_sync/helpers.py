@@ -31,7 +31,15 @@ from worklease import (
 from worklease._compat import ThreadLock
 from worklease.testing import FakeClock
 
-__all__ = ["METHODS", "Call", "ScriptedBackend", "lock_waiters", "spin", "transient"]
+__all__ = [
+    "METHODS",
+    "Call",
+    "ScriptedBackend",
+    "lock_waiters",
+    "spin",
+    "transient",
+    "until_lock_waiters",
+]
 
 StateLike = bytes | bytearray | memoryview
 
@@ -278,6 +286,16 @@ def lock_waiters(conn: Connection[Any]) -> int:
     )
     found = cursor.fetchone()
     return int(found[0]) if found else 0
+
+
+def until_lock_waiters(conn: Connection[Any], count: int, what: str) -> None:
+    """Wait (up to 30 s) until ``count`` sessions of ``conn``'s database wait on a lock;
+    ``AssertionError`` naming ``what`` otherwise."""
+    for _ in range(3000):
+        if lock_waiters(conn) >= count:
+            return
+        sleep(0.01)
+    raise AssertionError(f"{what} never waited on a lock")
 
 
 def open_backend(

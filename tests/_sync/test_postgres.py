@@ -47,7 +47,7 @@ from worklease._pg import TOKEN_TIMELINE_SHIFT
 from worklease.observers import ReadCheckpointEvent
 from worklease.testing import RecordingObserver
 
-from .helpers import lock_waiters
+from .helpers import until_lock_waiters
 
 pytestmark = pytest.mark.postgres
 
@@ -676,12 +676,7 @@ def test_concurrent_acquire_many_no_deadlock_each_id_once(
             if index < 2:
                 holder = "bulk-holder-" + str(index)
                 return backends[index].acquire_many(orders[index], holder, TTL)
-            for _ in range(3000):
-                if lock_waiters(watcher) >= 2:
-                    break
-                sleep(0.01)
-            else:
-                raise AssertionError("the two batches never both waited on a lock")
+            until_lock_waiters(watcher, 2, "the two batches")
             blocker.commit()
             return []
 
@@ -752,12 +747,7 @@ def test_a_renewal_waiting_on_the_row_never_extends_a_release_committed_meanwhil
                     return backend.renew_many([token], TTL)
                 backend.renew(token, TTL)
                 return None
-            for _ in range(3000):
-                if lock_waiters(watcher) >= 1:
-                    break
-                sleep(0.01)
-            else:
-                raise AssertionError("the renewal never waited on the row")
+            until_lock_waiters(watcher, 1, "the renewal")
             sleep(0.05)  # the release's clock is now past the renewal's now()
             releaser.execute(
                 "UPDATE worklease_leases SET exit_mode = 'finished',"
@@ -806,12 +796,7 @@ def test_concurrent_renew_many_no_deadlock(pool: ConnectionPool[Any], postgres_d
         def renew(index: int) -> list[Any]:
             if index < 2:
                 return backends[index].renew_many(orders[index], TTL)
-            for _ in range(3000):
-                if lock_waiters(watcher) >= 2:
-                    break
-                sleep(0.01)
-            else:
-                raise AssertionError("the two batches never both waited on a lock")
+            until_lock_waiters(watcher, 2, "the two batches")
             blocker.commit()
             return []
 
