@@ -384,8 +384,16 @@ def _start_eagerly(
     return loop.create_task(coro)
 
 
-async def acleanup(timeout: float, fn: Callable[..., Coroutine[Any, Any, T]], *args: Any) -> T:
+async def acleanup(
+    timeout: float,
+    fn: Callable[..., Coroutine[Any, Any, T]],
+    *args: Any,
+    self_bounded: bool = False,
+) -> T:
     """Run final writes ``fn(*args)`` to completion despite cancellation, within ``timeout``.
+
+    ``self_bounded`` matters to threads only (see ``_compat.cleanup``): a task is cancelled
+    at the deadline whatever its backend promises.
 
     A cancellation that arrives meanwhile is held back until the writes finish (or time
     out) and then re-raised. At the deadline ``TimeoutError`` is raised at once and the writes

@@ -13,6 +13,15 @@ insert under a lock and never wakes a thread, so a call without a deadline probl
 next to nothing. A cancel is sent under the ticket's lock and a finished call takes that
 lock before it hands its connection back, so a late cancel never reaches the connection's
 next user.
+
+A call that must hand control back by a moment (``watch_connection``: a thread's final
+writes, see ``_compat.cleanup``) registers its connection instead: if it has not answered by
+then, its socket is shut down (through a duplicate of the socket's descriptor taken at
+registration, so it can only ever reach that socket), the driver's wait ends at once with a
+connection error whatever the network does, and the connection is discarded. The cancel
+request for what it was running then goes from a short-lived thread of its own (the
+connection has no next user to reach), so a server that does not answer never holds up the
+watch.
 """
 
 from __future__ import annotations
@@ -20,12 +29,17 @@ from __future__ import annotations
 import itertools
 import logging
 import os
+import select
+import socket
 import threading
 from typing import Any
 
+import psycopg
+from psycopg.pq import PollingStatus
+
 from ._window import monotonic
 
-__all__ = ["CancelTicket", "watch_statement"]
+__all__ = ["CancelTicket", "watch_connection", "watch_statement"]
 
 logger = logging.getLogger("worklease")
 
@@ -36,16 +50,25 @@ _LINGER = 5.0
 
 
 class CancelTicket:
-    """One registered statement: ``done()`` when it returned, ``fired`` when it was
-    cancelled for overrunning its deadline."""
+    """One registered statement (or, with ``socket_fd``, one connection to cut off):
+    ``done()`` when it returned, ``fired`` when it was cancelled (cut off) for overrunning
+    its deadline."""
 
-    __slots__ = ("_conn", "_deadline", "_key", "_lock", "_watch", "fired")
+    __slots__ = ("_conn", "_deadline", "_key", "_lock", "_socket", "_watch", "fired")
 
-    def __init__(self, watch: _CancelWatch, key: int, conn: Any, deadline: float) -> None:
+    def __init__(
+        self,
+        watch: _CancelWatch,
+        key: int,
+        conn: Any,
+        deadline: float,
+        socket_fd: int | None = None,
+    ) -> None:
         self._watch = watch
         self._key = key
         self._conn: Any = conn
         self._deadline = deadline
+        self._socket = socket_fd  # our own duplicate: closed by done() or after the cut
         self._lock = threading.Lock()
         self.fired = False
 
@@ -53,7 +76,13 @@ class CancelTicket:
         """The statement is over: from now on nothing is sent to its connection."""
         with self._lock:
             self._conn = None
+            self._close_socket()
         self._watch.forget(self._key)
+
+    def _close_socket(self) -> None:
+        if self._socket is not None:
+            os.close(self._socket)
+            self._socket = None
 
     def _cancel_if_due(self, now: float) -> bool:
         if now < self._deadline:
@@ -63,11 +92,88 @@ class CancelTicket:
             if conn is None:
                 return True
             self.fired = True
-            try:
-                conn.cancel()  # libpq's cancel request: thread-safe, works for both flavours
-            except Exception as exc:  # the call ends anyway once its connection answers
-                logger.debug("worklease: cancelling an overdue statement failed: %s", exc)
+            if self._socket is not None:
+                self._cut_off(conn)
+                return True
+            _cancel(conn, _STATEMENT_CANCEL_WAIT)
         return True
+
+    def _cut_off(self, conn: Any) -> None:
+        """Shut the connection's socket down (under the ticket's lock), then cancel what it
+        ran from a thread of its own."""
+        assert self._socket is not None
+        request = None
+        if NONBLOCKING_CANCEL:  # a classic cancel would hold the GIL while nobody answers
+            try:
+                # Made before the socket is shut (libpq copies what it needs): the caller
+                # may close the connection as soon as its wait ends.
+                request = conn.pgconn.cancel_conn()
+            except Exception as exc:
+                logger.debug("worklease: cancelling an overdue statement failed: %s", exc)
+        try:
+            with socket.socket(fileno=os.dup(self._socket)) as sock:
+                sock.shutdown(socket.SHUT_RDWR)
+        except OSError as exc:
+            logger.debug("worklease: cutting off an overdue connection failed: %s", exc)
+        self._close_socket()
+        if request is not None:
+            threading.Thread(
+                target=_send_nonblocking,
+                args=(request, _CUT_CANCEL_WAIT),
+                name="worklease-cancel",
+                daemon=True,
+            ).start()
+
+
+NONBLOCKING_CANCEL = psycopg.capabilities.has_cancel_safe()
+"""libpq 17 and later cancel without blocking: the watch then waits for the server's answer
+in ``select`` (the GIL let go) and gives up after a while. An older libpq's cancel request
+blocks, holding the GIL, until the server answers."""
+_STATEMENT_CANCEL_WAIT = 2.0
+"""How long the watch waits for the server to take a cancel request (a server that does not
+answer is left: the statement's own call ends when its connection does)."""
+_CUT_CANCEL_WAIT = 10.0
+"""The same for the cancel sent after a cut-off, from a thread of its own."""
+
+
+def _cancel(conn: Any, wait: float) -> None:
+    """Ask the server to cancel what ``conn`` runs, waiting at most ``wait`` seconds for it
+    to take the request (with a libpq older than 17, as long as the request takes)."""
+    try:
+        if NONBLOCKING_CANCEL:
+            _send_nonblocking(conn.pgconn.cancel_conn(), wait)
+        else:
+            conn.cancel()  # libpq's classic request: thread-safe, works for both flavours
+    except Exception as exc:  # the call ends anyway once its connection answers
+        logger.debug("worklease: cancelling an overdue statement failed: %s", exc)
+
+
+def _send_nonblocking(request: Any, wait: float) -> None:
+    """Drive libpq's non-blocking cancel connection ``request`` for at most ``wait``
+    seconds."""
+    end = monotonic() + wait
+    try:
+        request.start()
+        while True:
+            status = request.poll()
+            if status == PollingStatus.OK:
+                return
+            left = end - monotonic()
+            if status == PollingStatus.FAILED or left <= 0:
+                logger.debug(
+                    "worklease: cancelling an overdue statement failed: %s",
+                    request.get_error_message() or "no answer",
+                )
+                return
+            fileno = request.socket
+            if status == PollingStatus.READING:
+                select.select([fileno], [], [], left)
+            else:
+                select.select([], [fileno], [], left)
+    except Exception as exc:
+        logger.debug("worklease: cancelling an overdue statement failed: %s", exc)
+    finally:
+        request.finish()
 
 
 class _CancelWatch:
@@ -79,9 +185,9 @@ class _CancelWatch:
         self._pid = os.getpid()
         self._idle_since = monotonic()
 
-    def register(self, conn: Any, deadline: float) -> CancelTicket:
+    def register(self, conn: Any, deadline: float, socket_fd: int | None = None) -> CancelTicket:
         with self._lock:
-            ticket = CancelTicket(self, next(self._keys), conn, deadline)
+            ticket = CancelTicket(self, next(self._keys), conn, deadline, socket_fd)
             self._tickets[ticket._key] = ticket
             if self._thread is None or self._pid != os.getpid():  # none yet, or forked
                 self._pid = os.getpid()
@@ -120,3 +226,10 @@ def watch_statement(conn: Any, seconds: float) -> CancelTicket:
     now; call ``done()`` on the ticket as soon as it returned (before the connection is given
     back)."""
     return _WATCH.register(conn, monotonic() + max(seconds, 0.0))
+
+
+def watch_connection(conn: Any, seconds: float) -> CancelTicket:
+    """Cut ``conn`` off (shut its socket down, after taking a cancel request for what it
+    runs) if the call using it has not ended ``seconds`` from now; call ``done()`` on the
+    ticket as soon as the call ended (before the connection is given back)."""
+    return _WATCH.register(conn, monotonic() + max(seconds, 0.0), os.dup(conn.pgconn.socket))

@@ -14,8 +14,12 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar, cast
 
+from ._deadline import bounded_by, cutting_off_at
+from .errors import BackendError
+
 __all__ = [
     "BATCH_LINGER",
+    "CUT_OFF_MARGIN",
     "RENEWER_LINGER",
     "Abandoned",
     "CancelGuard",
@@ -189,13 +193,26 @@ def within(timeout: float, late: Callable[[T], object], fn: Callable[..., T], *a
     return cast(T, job.result)
 
 
-def cleanup(timeout: float, fn: Callable[..., T], *args: Any) -> T:
-    """Run final writes ``fn(*args)`` in a helper thread, waiting at most ``timeout`` seconds.
+CUT_OFF_MARGIN = 0.25
+"""Final writes made in the calling thread are asked to end this long before the cleanup
+timeout (a cancel request at that deadline ends a statement the server is still running); a
+backend cuts a connection that has still not answered at the timeout itself."""
 
-    On timeout ``TimeoutError`` is raised and the writes are left to finish (or fail) on
-    their own: each is a single atomic statement, so nothing is half-written. Helper threads
-    are daemon threads kept for reuse, so the common case starts no thread.
+
+def cleanup(timeout: float, fn: Callable[..., T], *args: Any, self_bounded: bool = False) -> T:
+    """Run final writes ``fn(*args)``, handing control back within ``timeout`` seconds.
+
+    ``self_bounded``: every backend call the writes make hands control back by a deadline it
+    is given (``worklease._deadline.SELF_BOUNDED``), so they run in the calling thread: they
+    are asked to end ``CUT_OFF_MARGIN`` before the timeout and are cut off at it. Otherwise
+    (or with a timeout too short to leave that margin) they run in a helper thread, and the
+    caller waits for them at most ``timeout`` seconds. Either way ``TimeoutError`` is raised
+    at the timeout and the writes' outcome is unknown (each is a single atomic statement, so
+    nothing is half-written; a write left in a helper thread finishes or fails on its own).
+    Helper threads are daemon threads kept for reuse, so the common case starts no thread.
     """
+    if self_bounded and timeout >= 2 * CUT_OFF_MARGIN:
+        return _cleanup_here(timeout, fn, args)
     job = _CleanupJob(fn, args)
     _cleanup_helpers.submit(job)
     if not job.done.wait(timeout):
@@ -203,6 +220,22 @@ def cleanup(timeout: float, fn: Callable[..., T], *args: Any) -> T:
     if job.error is not None:
         raise job.error
     return cast(T, job.result)
+
+
+def _cleanup_here(timeout: float, fn: Callable[..., T], args: tuple[Any, ...]) -> T:
+    """Final writes in the calling thread (see ``cleanup``): no hand-over to a helper thread
+    and back, which on a busy machine costs more than an in-memory write or a round trip."""
+    end = time.monotonic() + timeout
+    with cutting_off_at(end), bounded_by(end - CUT_OFF_MARGIN):
+        try:
+            return fn(*args)
+        except BackendError as exc:
+            # Ended by its deadline (a statement cancelled, a connection cut off): the
+            # timeout a helper thread's caller would have seen. A verdict (fenced, expired)
+            # is not a timeout, however late it came.
+            if not exc.transient or time.monotonic() < end - CUT_OFF_MARGIN:
+                raise
+            raise TimeoutError(f"cleanup did not finish within {timeout:g}s") from exc
 
 
 class _CleanupJob:

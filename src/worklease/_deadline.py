@@ -12,12 +12,28 @@ its caller gave up.
 from __future__ import annotations
 
 from contextvars import ContextVar, Token
+from time import monotonic  # the clock of _window.monotonic (this module comes before it)
 
-from ._window import monotonic
-
-__all__ = ["bounded_by", "seconds_left"]
+__all__ = [
+    "SELF_BOUNDED",
+    "bounded_by",
+    "current_deadline",
+    "cut_off",
+    "cutting_off_at",
+    "earliest",
+    "seconds_left",
+    "self_bounded",
+]
 
 _deadline: ContextVar[float | None] = ContextVar("worklease_call_deadline", default=None)
+_cut_off: ContextVar[float | None] = ContextVar("worklease_call_cut_off", default=None)
+
+SELF_BOUNDED = "_worklease_self_bounded"
+"""A backend class that sets this attribute to true in its own body promises: a call made
+within ``cutting_off_at(moment)`` returns (or raises) by ``moment``, whatever the network
+does, so a thread may make its final writes itself instead of in a helper thread it can leave
+behind. Not inherited: a subclass that overrides a call (with a wait of its own, say) makes
+no such promise unless it declares it again."""
 
 
 class bounded_by:  # a function's name: used as ``with bounded_by(deadline):``
@@ -50,3 +66,47 @@ def seconds_left() -> float | None:
     """Seconds until the deadline of the current call (``None``: unbounded; may be <= 0)."""
     deadline = _deadline.get()
     return None if deadline is None else deadline - monotonic()
+
+
+def current_deadline() -> float | None:
+    """The deadline of the current call (monotonic; ``None``: unbounded)."""
+    return _deadline.get()
+
+
+def earliest(first: float | None, second: float | None) -> float | None:
+    """The sooner of two deadlines (``None`` is no deadline)."""
+    if first is None:
+        return second
+    if second is None:
+        return first
+    return min(first, second)
+
+
+def self_bounded(backend: object) -> bool:
+    """Whether ``backend``'s class declares ``SELF_BOUNDED`` in its own body."""
+    return bool(type(backend).__dict__.get(SELF_BOUNDED, False))
+
+
+class cutting_off_at:  # a function's name: used as ``with cutting_off_at(moment):``
+    """Inside the block, a self-bounded backend hands control back by ``moment``
+    (monotonic), cutting a connection that has not answered by then."""
+
+    __slots__ = ("_moment", "_reset")
+
+    def __init__(self, moment: float) -> None:
+        self._moment = moment
+        self._reset: Token[float | None] | None = None
+
+    def __enter__(self) -> None:
+        self._reset = _cut_off.set(self._moment)
+
+    def __exit__(self, *_: object) -> None:
+        if self._reset is not None:
+            _cut_off.reset(self._reset)
+            self._reset = None
+
+
+def cut_off() -> float | None:
+    """When the current call must have handed control back (monotonic; ``None``: no
+    promise asked)."""
+    return _cut_off.get()

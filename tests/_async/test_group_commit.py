@@ -484,3 +484,96 @@ async def test_a_round_is_bounded_by_the_latest_deadline_among_its_callers() -> 
     left = seen[0]
     assert left is not None
     assert 40.0 < left <= 50.0  # the latest deadline, not the soonest, and not none
+
+
+async def test_a_queued_caller_stops_waiting_at_its_deadline() -> None:
+    """A caller queued behind a round that outlasts its deadline gets a transient error at
+    the deadline (a thread cannot be cancelled); taken out of the queue, it is never
+    written, and the callers queued after it still are."""
+    from worklease._window import monotonic
+
+    entered = AEvent()
+    gate = AEvent()
+    written: list[str] = []
+
+    async def one(key: str) -> None:
+        if key == "lone":
+            entered.set_threadsafe()
+            assert await gate.wait_timeout(PROMPT)
+        written.append(key)
+
+    async def many(keys: list[str]) -> list[BaseException | None]:
+        written.extend(keys)
+        return [None] * len(keys)
+
+    group: AsyncGroupCommit[str] = AsyncGroupCommit(one, many, operation="test", rounds=1)
+
+    async def run(index: int) -> float | None:
+        if index == 0:
+            await group.submit("lone", "lone", None)
+            return None
+        assert await entered.wait_timeout(PROMPT)
+        if index == 1:
+            start = monotonic()
+            with pytest.raises(BackendError, match="deadline passed") as caught:
+                await group.submit("late", "late", start + 0.2)
+            assert caught.value.transient
+            waited = monotonic() - start
+            gate.set_threadsafe()  # only now: the round it queued behind is still out
+            return waited
+        await _until(lambda: "late" in [entry.key for entry in group._queue])
+        await group.submit("patient", "patient", None)
+        return None
+
+    results = await aspawn_all(run, 3)
+    assert not [r for r in results if isinstance(r, BaseException)], results
+    waited = results[1]
+    assert isinstance(waited, float)
+    assert 0.2 <= waited < PROMPT
+    assert "late" not in written
+    assert sorted(written) == ["lone", "patient"]
+    assert group._queue == []
+
+
+async def test_a_caller_with_a_cut_off_leads_alone() -> None:
+    """A caller that must hand control back by a moment (a thread's final writes) never
+    carries others' writes in its round: woken to lead, it writes its own alone and passes
+    the lead on, and the others go together in the next round."""
+    from worklease._deadline import cutting_off_at
+    from worklease._window import monotonic
+
+    entered = AEvent()
+    gate = AEvent()
+    calls: list[list[str]] = []
+
+    async def one(key: str) -> None:
+        if key == "lone":
+            entered.set_threadsafe()
+            assert await gate.wait_timeout(PROMPT)
+        calls.append([key])
+
+    async def many(keys: list[str]) -> list[BaseException | None]:
+        calls.append(sorted(keys))
+        return [None] * len(keys)
+
+    group: AsyncGroupCommit[str] = AsyncGroupCommit(one, many, operation="test", rounds=1)
+
+    async def run(index: int) -> None:
+        if index == 0:
+            await group.submit("lone", "lone", None)
+        elif index == 1:  # queues first, so it is woken to lead
+            assert await entered.wait_timeout(PROMPT)
+            with cutting_off_at(monotonic() + PROMPT):
+                await group.submit("final", "final", None)
+        elif index <= 3:
+            assert await entered.wait_timeout(PROMPT)
+            await _until(lambda: [entry.key for entry in group._queue][:1] == ["final"])
+            await group.submit(f"other{index}", f"other{index}", None)
+        else:
+            assert await entered.wait_timeout(PROMPT)
+            await _until(lambda: len(group._queue) == 3)
+            gate.set_threadsafe()
+
+    results = await aspawn_all(run, 5)
+    assert not [r for r in results if isinstance(r, BaseException)], results
+    assert calls == [["lone"], ["final"], ["other2", "other3"]]

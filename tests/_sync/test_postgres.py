@@ -483,6 +483,36 @@ def test_renewal_reports_loss_when_network_goes_silent(postgres_dsn: str) -> Non
             proxy.cut()  # unblock the stuck connections so the pools close promptly
 
 
+def test_final_writes_end_on_time_when_the_network_goes_silent(
+    postgres_dsn: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A hold's final writes meet a stalled connection (no bytes move): ``TimeoutError`` at
+    the cleanup timeout, no hang. A thread makes them itself, never in a helper thread (the
+    connection is cut off at the timeout); asyncio cancels them."""
+    from worklease import _compat
+
+    def no_helper(job: object) -> None:
+        raise AssertionError("the final writes went to a helper thread")
+
+    monkeypatch.setattr(_compat._cleanup_helpers, "submit", no_helper)
+    pg.reset(postgres_dsn)
+    with proxied(*pg.address(postgres_dsn)) as proxy:
+        proxied_dsn = pg.via(postgres_dsn, proxy.port)
+        with (
+            ConnectionPool(proxied_dsn, min_size=1, max_size=2, open=False) as pool,
+            PostgresBackend(pool) as backend,
+        ):
+            lease = Lease(backend, holder_id="holder-a", ttl=30.0)
+            stalled_at = 0.0
+            with pytest.raises(TimeoutError):  # noqa: PT012
+                with lease.hold("silent-final", cleanup_timeout=1.0):
+                    proxy.stall()
+                    stalled_at = monotonic()
+            waited = monotonic() - stalled_at
+            assert 0.5 <= waited < 5.0  # the bound is 1 s; generous for a loaded machine
+            proxy.cut()  # unblock the stuck connections so the pools close promptly
+
+
 def test_renewal_keeps_working_while_app_saturates_its_pool(postgres_dsn: str) -> None:
     """The application holds every connection of its pool longer than the TTL: no loss."""
     pg.reset(postgres_dsn)

@@ -39,6 +39,9 @@ class HoldingLease(Protocol):
 
     def _given_up(self, token: Token) -> bool: ...
 
+    @property
+    def _self_bounded(self) -> bool: ...
+
 
 class AsyncHold:
     """Holds a work ID for the duration of a ``with`` block.
@@ -76,6 +79,7 @@ class AsyncHold:
         "_prior",
         "_release",
         "_renewal",
+        "_self_bounded",
         "_token",
         "_work_id",
     )
@@ -96,6 +100,9 @@ class AsyncHold:
         """Offered a final release with nothing to write first; when it takes it (True),
         the caller releases the lease later, together with others (a stopping pool)."""
         self._release: AsyncReleaser = release if release is not None else lease.release
+        # The final writes go through the lease alone: a thread makes them itself when its
+        # backend bounds its own calls (a pool's batched releases wait on others).
+        self._self_bounded = release is None and lease._self_bounded
         self._granted = granted
         self._work_id = work_id
         self._options = options
@@ -164,7 +171,13 @@ class AsyncHold:
             raise  # the lease lapses after its TTL: the successor sees EXPIRED
         except BaseException as exc:  # cancelled or interrupted: hand the lease back
             try:
-                await acleanup(self._cleanup_timeout, self._release, token, ExitMode.ABANDONED)
+                await acleanup(
+                    self._cleanup_timeout,
+                    self._release,
+                    token,
+                    ExitMode.ABANDONED,
+                    self_bounded=self._self_bounded,
+                )
             except Exception as release_error:
                 exc.add_note(f"worklease: releasing as abandoned failed: {release_error!r}")
             raise
@@ -200,6 +213,7 @@ class AsyncHold:
                 exc.state,
                 ExitMode.RETIRED,
                 release,
+                self_bounded=self._self_bounded,
             )
             return True
         shed = renewal.shed
@@ -208,7 +222,16 @@ class AsyncHold:
         if final is None and self._defer is not None and self._defer(token, mode):
             return shed and (exc is None or isinstance(exc, LeaseShedError))
         try:
-            await acleanup(self._cleanup_timeout, finish, self._lease, token, final, mode, release)
+            await acleanup(
+                self._cleanup_timeout,
+                finish,
+                self._lease,
+                token,
+                final,
+                mode,
+                release,
+                self_bounded=self._self_bounded,
+            )
         except Exception as error:
             if exc is None or isinstance(exc, LeaseShedError):
                 raise

@@ -177,7 +177,11 @@ class AsyncLeader:
         except BaseException as exc:  # cancelled before the term began: hand the lease back
             try:
                 await acleanup(
-                    self._options.cleanup_timeout, lease.release, token, ExitMode.ABANDONED
+                    self._options.cleanup_timeout,
+                    lease.release,
+                    token,
+                    ExitMode.ABANDONED,
+                    self_bounded=lease._self_bounded,
                 )
             except Exception as release_error:
                 exc.add_note(f"worklease: releasing leadership failed: {release_error!r}")
@@ -219,7 +223,15 @@ class AsyncLeader:
             mode = ExitMode.ABANDONED
         state = error.state if isinstance(error, Retire) else None
         try:
-            await acleanup(self._options.cleanup_timeout, finish, self._lease, token, state, mode)
+            await acleanup(
+                self._options.cleanup_timeout,
+                finish,
+                self._lease,
+                token,
+                state,
+                mode,
+                self_bounded=self._lease._self_bounded,
+            )
         except FencedError:
             if error is not None and not isinstance(error, Exception):
                 raise error from None  # a cancellation or interrupt must not be swallowed

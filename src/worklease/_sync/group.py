@@ -28,8 +28,9 @@ from collections.abc import Callable
 from typing import Generic, TypeVar
 
 from .._compat import Event, ThreadLock, shielded
-from .._deadline import bounded_by
+from .._deadline import bounded_by, cut_off
 from .._types import WriteMany, WriteOne
+from .._window import monotonic
 from ..errors import BackendError
 
 __all__ = ["GroupCommit"]
@@ -120,20 +121,29 @@ class GroupCommit(Generic[T]):
                 self._end_round([key], led=False)
             return
         try:
-            entry.done.wait()
+            # A thread cannot be cancelled: it stops waiting at its own deadline instead (a
+            # round is bounded by its latest caller's).
+            answered = entry.done.wait(
+                None if deadline is None else max(deadline - monotonic(), 0.0)
+            )
         except BaseException:  # given up on while queued (a cancellation)
-            with self._lock:
-                if entry in self._queue:  # not taken yet: it never happens
-                    self._queue.remove(entry)
-                    raise
-            if entry.lead:  # woken to lead just then: pass that on
-                self._end_round([key], led=True)
+            self._give_up(entry)
             raise
+        if not answered:
+            self._give_up(entry)
+            raise BackendError(
+                f"{self._operation}: the call's deadline passed while its write waited in a "
+                "group commit; whether it was written is unknown",
+                transient=True,
+            )
         if not entry.lead:
             if entry.error is not None:
                 raise entry.error
             return
-        joining = self._take()
+        # A caller that must hand control back by a moment (a thread's final writes, see
+        # _compat.cleanup) never carries others' writes: it writes its own alone and
+        # passes the lead on when done.
+        joining = self._take() if cut_off() is None else []
         if not joining:  # nobody else queued: the single-item call, nothing added
             try:
                 self._one(item)
@@ -143,6 +153,17 @@ class GroupCommit(Generic[T]):
         shielded(self._round, [entry, *joining])
         if entry.error is not None:
             raise entry.error
+
+    def _give_up(self, entry: _Entry[T]) -> None:
+        """Stop waiting for ``entry``: taken out of the queue if no round has it yet (it is
+        never written); woken to lead just then, the lead is passed on; in a round in flight,
+        the round goes on without anybody waiting for this outcome."""
+        with self._lock:
+            if entry in self._queue:
+                self._queue.remove(entry)
+                return
+        if entry.lead:
+            self._end_round([entry.key], led=True)
 
     def _take(self) -> list[_Entry[T]]:
         """The queued writes that join a new leader's round: to work IDs in no round in

@@ -42,6 +42,9 @@ class HoldingLease(Protocol):
 
     def _given_up(self, token: Token) -> bool: ...
 
+    @property
+    def _self_bounded(self) -> bool: ...
+
 
 class Hold:
     """Holds a work ID for the duration of a ``with`` block.
@@ -79,6 +82,7 @@ class Hold:
         "_prior",
         "_release",
         "_renewal",
+        "_self_bounded",
         "_token",
         "_work_id",
     )
@@ -99,6 +103,9 @@ class Hold:
         """Offered a final release with nothing to write first; when it takes it (True),
         the caller releases the lease later, together with others (a stopping pool)."""
         self._release: Releaser = release if release is not None else lease.release
+        # The final writes go through the lease alone: a thread makes them itself when its
+        # backend bounds its own calls (a pool's batched releases wait on others).
+        self._self_bounded = release is None and lease._self_bounded
         self._granted = granted
         self._work_id = work_id
         self._options = options
@@ -167,7 +174,13 @@ class Hold:
             raise  # the lease lapses after its TTL: the successor sees EXPIRED
         except BaseException as exc:  # cancelled or interrupted: hand the lease back
             try:
-                cleanup(self._cleanup_timeout, self._release, token, ExitMode.ABANDONED)
+                cleanup(
+                    self._cleanup_timeout,
+                    self._release,
+                    token,
+                    ExitMode.ABANDONED,
+                    self_bounded=self._self_bounded,
+                )
             except Exception as release_error:
                 exc.add_note(f"worklease: releasing as abandoned failed: {release_error!r}")
             raise
@@ -203,6 +216,7 @@ class Hold:
                 exc.state,
                 ExitMode.RETIRED,
                 release,
+                self_bounded=self._self_bounded,
             )
             return True
         shed = renewal.shed
@@ -211,7 +225,16 @@ class Hold:
         if final is None and self._defer is not None and self._defer(token, mode):
             return shed and (exc is None or isinstance(exc, LeaseShedError))
         try:
-            cleanup(self._cleanup_timeout, finish, self._lease, token, final, mode, release)
+            cleanup(
+                self._cleanup_timeout,
+                finish,
+                self._lease,
+                token,
+                final,
+                mode,
+                release,
+                self_bounded=self._self_bounded,
+            )
         except Exception as error:
             if exc is None or isinstance(exc, LeaseShedError):
                 raise

@@ -179,7 +179,13 @@ class Leader:
             renewal = lease._renewal(token, self._options.renewal)
         except BaseException as exc:  # cancelled before the term began: hand the lease back
             try:
-                cleanup(self._options.cleanup_timeout, lease.release, token, ExitMode.ABANDONED)
+                cleanup(
+                    self._options.cleanup_timeout,
+                    lease.release,
+                    token,
+                    ExitMode.ABANDONED,
+                    self_bounded=lease._self_bounded,
+                )
             except Exception as release_error:
                 exc.add_note(f"worklease: releasing leadership failed: {release_error!r}")
             raise
@@ -220,7 +226,15 @@ class Leader:
             mode = ExitMode.ABANDONED
         state = error.state if isinstance(error, Retire) else None
         try:
-            cleanup(self._options.cleanup_timeout, finish, self._lease, token, state, mode)
+            cleanup(
+                self._options.cleanup_timeout,
+                finish,
+                self._lease,
+                token,
+                state,
+                mode,
+                self_bounded=self._lease._self_bounded,
+            )
         except FencedError:
             if error is not None and not isinstance(error, Exception):
                 raise error from None  # a cancellation or interrupt must not be swallowed

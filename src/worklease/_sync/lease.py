@@ -10,7 +10,7 @@ from datetime import UTC, datetime
 
 from .._batching import chunks, write_lanes
 from .._compat import bounded, sleep, within
-from .._deadline import bounded_by
+from .._deadline import bounded_by, current_deadline, earliest, self_bounded
 from .._fairshare import PoolSurvey
 from .._models import Checkpoint, DeclaredExit, ExitMode, Token
 from .._options import (
@@ -91,6 +91,9 @@ class Lease:
         self._observer = observer if observer is not None else LeaseObserver()
         self._report = LeaseReporter(self._observer)
         self._capabilities = Capabilities.of(backend)
+        self._self_bounded = self_bounded(backend)
+        """The backend hands control back by any deadline it is given: a thread makes a
+        hold's final writes itself rather than in a helper thread (``_compat.cleanup``)."""
         self._renewals = Renewals(self._renew_together, self._ttl)
         # Group commit: concurrent calls through this object share one statement per round
         # when the backend has the batch operation (see group.py).
@@ -353,8 +356,10 @@ class Lease:
         seal = self._writable(token)
         # Inside a renewal a thread's write is bounded by the window (server-side on
         # PostgreSQL): a call stuck on a lock or a hung synchronous standby never outlives
-        # the lease. With asyncio the renewal cancels the block, and the call with it.
-        deadline = seal.deadline() if _IS_SYNC else None
+        # the lease. A deadline set around the call (a hold's final writes, run in the
+        # calling thread) bounds it too, if sooner. With asyncio the renewal cancels the
+        # block, and the call with it.
+        deadline = earliest(seal.deadline(), current_deadline()) if _IS_SYNC else None
         with self._report.checkpoint(token, state_size(state)) as call, bounded_by(deadline):
             group = self._checkpoints
             if group is None:
@@ -433,7 +438,9 @@ class Lease:
         """
         declared = check_exit_mode(mode)
         seal = self._writable(token)
-        deadline = seal.deadline() if _IS_SYNC else None  # see checkpoint
+        deadline = (
+            earliest(seal.deadline(), current_deadline()) if _IS_SYNC else None
+        )  # see checkpoint
         seal.finished()  # the holder gives the lease up: stop renewing it first
         with self._report.release(token, declared), bounded_by(deadline):
             group = self._releases

@@ -19,9 +19,9 @@ from psycopg import errors as pg_errors
 from psycopg.rows import tuple_row
 from psycopg_pool import ConnectionPool, PoolTimeout
 
-from .._cancel_watch import CancelTicket, watch_statement
+from .._cancel_watch import CancelTicket, watch_connection, watch_statement
 from .._compat import CancelGuard, ThreadLock
-from .._deadline import seconds_left
+from .._deadline import cut_off, seconds_left
 from .._failures import closed, commit_unknown, fenced, lease_lapsed
 from .._fairshare import PoolSurvey
 from .._migrations import (
@@ -138,6 +138,11 @@ class PostgresBackend:
     """
 
     __module__ = "worklease"
+
+    # A call inside a cut-off (worklease._deadline.SELF_BOUNDED) hands control back by it:
+    # its pool checkout is bounded, and its connection is shut down if it has not answered
+    # (_cancel_watch.watch_connection). A thread then makes a hold's final writes itself.
+    _worklease_self_bounded = True
 
     def __init__(
         self,
@@ -384,8 +389,13 @@ class PostgresBackend:
         single = single_statement(statement) if self._prepare is not False else None
         if left is not None or bound is not None:
             statement = self._statements.bounded(statement)
+        # A thread's final writes must hand control back by this moment (_compat.cleanup):
+        # the connection is cut off if it has not answered by then, and no connection of its
+        # own is opened meanwhile (libpq's connect timeout counts in whole seconds).
+        cut = cut_off()
         try:
-            conn, direct = self._checkout(pool, timeout, bypass, operation)
+            conn, direct = self._checkout(pool, timeout, bypass, operation, may_detour=cut is None)
+            cutter = None if cut is None else watch_connection(conn, cut - monotonic())
             try:
                 if not self._schema_checked:
                     self._check_schema(conn, operation)
@@ -402,12 +412,15 @@ class PostgresBackend:
                     bound,
                     None if direct else single,
                     self._prepare,
+                    watched=cutter is not None,
                 )
             except psycopg.Error as exc:
                 if lost_connection(exc):
                     self._detour_of(pool).trouble.connection_lost()
                 raise
             finally:
+                if cutter is not None:
+                    cutter.done()  # before the connection can go back to anybody
                 self._checkin(pool, conn, direct)
         except psycopg.Error as exc:
             raise map_error(exc, operation) from exc
@@ -445,6 +458,8 @@ class PostgresBackend:
         timeout: float | None,
         bypass: bool,
         operation: str,
+        *,
+        may_detour: bool = True,
     ) -> tuple[Connection[Any], bool]:
         """A connection of ``pool`` within ``timeout`` seconds (the pool's own timeout by
         default), or one of its own (``True`` beside it: give it back with
@@ -456,7 +471,7 @@ class PostgresBackend:
         failure ends a renewal at once (its loop retries); any other call tries again every
         ``_DIRECT_RETRY`` seconds while it waits for the pool, and at the end the last one is
         raised, naming why. A pool that is only busy is
-        waited for, in its queue."""
+        waited for, in its queue. Without ``may_detour`` the pool is only waited for."""
         guard = CancelGuard()
         detour = self._detour_of(pool)
         trouble = detour.trouble
@@ -489,7 +504,7 @@ class PostgresBackend:
                 return conn, False
             now = monotonic()
             rest = end - now
-            if not (bypass or trouble.judge(pool.get_stats())):
+            if not may_detour or not (bypass or trouble.judge(pool.get_stats())):
                 wait = rest  # busy, not failing: wait for it as any caller of it would
                 continue
             if now >= retry_at and detour.take_slot():
@@ -1106,13 +1121,17 @@ def run_statement(
     bound: float | None = None,
     single: bytes | None = None,
     prepare: bool | None = None,
+    *,
+    watched: bool = False,
 ) -> tuple[Rows, int]:
     """Execute one worklease statement on ``conn`` in autocommit; return the rows and row
     count of its last result. ``single`` (the statement without its isolation pin) goes
     alone through the extended protocol when the connection reads committed by default and
     its session has no shorter ``statement_timeout`` than ``bound``, bounded by a cancel
-    request after ``bound`` seconds; it is prepared as ``prepares(prepare, ...)`` decides
-    (``None``: only where the connection reaches the server directly); otherwise
+    request after ``bound`` seconds (unless ``watched``: the connection is cut off at its
+    caller's moment, ``watch_connection``, which cancels what it runs then); it is
+    prepared as ``prepares(prepare, ...)`` decides (``None``: only where the connection
+    reaches the server directly); otherwise
     ``statement`` goes as a simple query (parameters bound client-side; with ``bound`` it is
     the bounded text and gets its ``statement_timeout``). A connection left in an unknown
     state is closed; driver errors are raised as they are (``map_error``), a statement
@@ -1125,7 +1144,7 @@ def run_statement(
         traits = _traits(conn) if single is not None else None
         if single is not None and traits is not None and traits.extended(bound):
             cursor: Cursor[Any] = Cursor(conn, row_factory=tuple_row)
-            if bound is not None:
+            if bound is not None and not watched:
                 ticket = watch_statement(conn, bound)
             cursor.execute(single, params, prepare=prepares(prepare, traits, conn))
             if ticket is not None:
