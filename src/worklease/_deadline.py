@@ -29,11 +29,12 @@ _deadline: ContextVar[float | None] = ContextVar("worklease_call_deadline", defa
 _cut_off: ContextVar[float | None] = ContextVar("worklease_call_cut_off", default=None)
 
 SELF_BOUNDED = "_worklease_self_bounded"
-"""A backend class that sets this attribute to true in its own body promises: a call made
-within ``cutting_off_at(moment)`` returns (or raises) by ``moment``, whatever the network
-does, so a thread may make its final writes itself instead of in a helper thread it can leave
-behind. Not inherited: a subclass that overrides a call (with a wait of its own, say) makes
-no such promise unless it declares it again."""
+"""A backend class that sets this attribute (or a property) to true in its own body promises:
+a call made within ``cutting_off_at(moment)`` returns (or raises) by ``moment`` (give or take
+the cancel watch's tick), whatever the network does, so a thread may make its final writes
+itself instead of in a helper thread it can leave behind. Not inherited: a subclass that
+overrides a call (with a wait of its own, say) makes no such promise unless it declares it
+again."""
 
 
 class bounded_by:  # a function's name: used as ``with bounded_by(deadline):``
@@ -83,8 +84,9 @@ def earliest(first: float | None, second: float | None) -> float | None:
 
 
 def self_bounded(backend: object) -> bool:
-    """Whether ``backend``'s class declares ``SELF_BOUNDED`` in its own body."""
-    return bool(type(backend).__dict__.get(SELF_BOUNDED, False))
+    """Whether ``backend``'s class declares ``SELF_BOUNDED`` in its own body (an attribute,
+    or a property that decides per instance) and it is true for ``backend``."""
+    return SELF_BOUNDED in type(backend).__dict__ and getattr(backend, SELF_BOUNDED) is True
 
 
 class cutting_off_at:  # a function's name: used as ``with cutting_off_at(moment):``

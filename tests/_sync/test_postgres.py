@@ -44,6 +44,7 @@ from worklease import (
     Vacuum,
 )
 from worklease._pg import TOKEN_TIMELINE_SHIFT
+from worklease._sync.postgres import check_within_cut_off
 from worklease.observers import ReadCheckpointEvent
 from worklease.testing import RecordingObserver
 
@@ -389,7 +390,8 @@ def test_connect_owns_and_closes_its_pool_but_never_the_callers(
         token = owned.acquire("owned", "holder-a", TTL)
         owned.release(token, ExitMode.FINISHED)
         owned_pool = owned.pool
-        assert owned_pool._check == ConnectionPool.check_connection
+        # psycopg_pool's check, bounded by a thread's cut-off (ADR-0023)
+        assert owned_pool._check is check_within_cut_off
     assert owned_pool.closed
     with PostgresBackend(pool) as borrowed:
         borrowed.renew(borrowed.acquire("borrowed", "holder-a", TTL), TTL)
@@ -483,12 +485,14 @@ def test_renewal_reports_loss_when_network_goes_silent(postgres_dsn: str) -> Non
             proxy.cut()  # unblock the stuck connections so the pools close promptly
 
 
+@pytest.mark.parametrize("built_by", ["pool", "connect"])
 def test_final_writes_end_on_time_when_the_network_goes_silent(
-    postgres_dsn: str, monkeypatch: pytest.MonkeyPatch
+    postgres_dsn: str, monkeypatch: pytest.MonkeyPatch, built_by: str
 ) -> None:
     """A hold's final writes meet a stalled connection (no bytes move): ``TimeoutError`` at
     the cleanup timeout, no hang. A thread makes them itself, never in a helper thread (the
-    connection is cut off at the timeout); asyncio cancels them."""
+    connection is cut off at the timeout, and so is the connection check of a ``connect()``
+    pool); asyncio cancels them (the patched helper is a thread's only)."""
     from worklease import _compat
 
     def no_helper(job: object) -> None:
@@ -498,10 +502,13 @@ def test_final_writes_end_on_time_when_the_network_goes_silent(
     pg.reset(postgres_dsn)
     with proxied(*pg.address(postgres_dsn)) as proxy:
         proxied_dsn = pg.via(postgres_dsn, proxy.port)
-        with (
-            ConnectionPool(proxied_dsn, min_size=1, max_size=2, open=False) as pool,
-            PostgresBackend(pool) as backend,
-        ):
+        if built_by == "connect":
+            backend = PostgresBackend.connect(proxied_dsn, min_size=1, max_size=2)
+        else:
+            pool = ConnectionPool(proxied_dsn, min_size=1, max_size=2, open=False)
+            pool.open()
+            backend = PostgresBackend(pool)
+        try:
             lease = Lease(backend, holder_id="holder-a", ttl=30.0)
             stalled_at = 0.0
             with pytest.raises(TimeoutError):  # noqa: PT012
@@ -509,8 +516,13 @@ def test_final_writes_end_on_time_when_the_network_goes_silent(
                     proxy.stall()
                     stalled_at = monotonic()
             waited = monotonic() - stalled_at
-            assert 0.5 <= waited < 5.0  # the bound is 1 s; generous for a loaded machine
+            # The bound is 1 s; a cut-off held up by a 2 s cancel wait would pass 2 s.
+            assert 0.5 <= waited < 1.9
+        finally:
             proxy.cut()  # unblock the stuck connections so the pools close promptly
+            backend.close()
+            if built_by == "pool":
+                pool.close()
 
 
 def test_renewal_keeps_working_while_app_saturates_its_pool(postgres_dsn: str) -> None:

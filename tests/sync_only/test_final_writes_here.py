@@ -13,9 +13,13 @@ import time
 from typing import Any
 
 import pytest
+from psycopg_pool import ConnectionPool
 
-from worklease import ExitMode, Lease, MemoryBackend, Runner, Token, _compat
-from worklease._deadline import self_bounded
+from worklease import ExitMode, Lease, MemoryBackend, PostgresBackend, Runner, Token, _compat
+from worklease._deadline import cutting_off_at, self_bounded
+from worklease._sync import postgres as sync_postgres
+
+from .. import pg
 
 
 class Recorder(MemoryBackend):
@@ -90,3 +94,49 @@ def test_a_cleanup_timeout_too_short_for_the_margin_uses_the_helper_thread() -> 
     _compat.cleanup(2 * _compat.CUT_OFF_MARGIN - 0.01, write, self_bounded=True)
     assert seen[0] is threading.current_thread()
     assert seen[1] is not threading.current_thread()
+
+
+def test_which_postgres_pools_the_promise_covers(postgres_dsn: str) -> None:
+    """A pool that checks each connection before handing it out makes a round trip inside
+    the checkout, where no cut-off reaches: unless it is the check ``connect()`` installs
+    (which the cut-off bounds), the final writes go to the helper thread."""
+    plain: ConnectionPool[Any] = ConnectionPool(postgres_dsn, open=False)
+    checked: ConnectionPool[Any] = ConnectionPool(
+        postgres_dsn, open=False, check=ConnectionPool.check_connection
+    )
+    assert self_bounded(PostgresBackend(plain))
+    assert not self_bounded(PostgresBackend(checked))
+    assert self_bounded(PostgresBackend.connect(postgres_dsn))
+    assert not self_bounded(
+        PostgresBackend.connect(postgres_dsn, check=ConnectionPool.check_connection)
+    )
+
+
+def test_a_connection_cut_off_after_it_answered_never_goes_back(
+    postgres_dsn: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The cut comes after the statement answered, before the connection is handed back: the
+    call keeps its outcome, and the connection (its socket shut down) is discarded, not
+    handed to the next caller."""
+    used: list[Any] = []
+    real_run = sync_postgres.run_statement
+
+    def answered_then_slow(conn: Any, *args: Any, **kwargs: Any) -> Any:
+        outcome = real_run(conn, *args, **kwargs)
+        used.append(conn)
+        time.sleep(0.6)  # the cut at 0.2 s falls here
+        return outcome
+
+    pg.reset(postgres_dsn)
+    with (
+        ConnectionPool(postgres_dsn, min_size=1, max_size=1, open=False) as pool,
+        PostgresBackend(pool) as backend,
+    ):
+        lease = Lease(backend, holder_id="w", ttl=30)
+        token = lease.acquire("cut-late")
+        monkeypatch.setattr(sync_postgres, "run_statement", answered_then_slow)
+        with cutting_off_at(time.monotonic() + 0.2):
+            backend.checkpoint(token, b"kept", 30)
+        monkeypatch.undo()
+        assert used[0].closed
+        assert lease.read_checkpoint(token).state == b"kept"  # served by a new connection

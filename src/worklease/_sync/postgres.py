@@ -139,10 +139,14 @@ class PostgresBackend:
 
     __module__ = "worklease"
 
-    # A call inside a cut-off (worklease._deadline.SELF_BOUNDED) hands control back by it:
-    # its pool checkout is bounded, and its connection is shut down if it has not answered
-    # (_cancel_watch.watch_connection). A thread then makes a hold's final writes itself.
-    _worklease_self_bounded = True
+    @property
+    def _worklease_self_bounded(self) -> bool:
+        # A call inside a cut-off (worklease._deadline.SELF_BOUNDED) hands control back by
+        # it: its pool checkout is bounded, and its connection is shut down if it has not
+        # answered (_cancel_watch.watch_connection). A thread then makes a hold's final
+        # writes itself. Not when the pool checks each connection it hands out with a check
+        # of its own: that round trip, made inside the checkout, cannot be cut off.
+        return getattr(self._pool, "_check", None) in (None, check_within_cut_off)
 
     def __init__(
         self,
@@ -206,7 +210,7 @@ class PostgresBackend:
         check_conninfo(conninfo)
         kwargs = dict(pool_kwargs.pop("kwargs", None) or {})
         kwargs["autocommit"] = True
-        pool_kwargs.setdefault("check", ConnectionPool.check_connection)
+        pool_kwargs.setdefault("check", check_within_cut_off)
         max_size = pool_kwargs.get("max_size")
         if "min_size" not in pool_kwargs and isinstance(max_size, int) and max_size >= 1:
             # psycopg_pool's min_size defaults to 4: a smaller max_size alone must not fail
@@ -395,8 +399,10 @@ class PostgresBackend:
         cut = cut_off()
         try:
             conn, direct = self._checkout(pool, timeout, bypass, operation, may_detour=cut is None)
-            cutter = None if cut is None else watch_connection(conn, cut - monotonic())
+            cutter: CancelTicket | None = None
             try:
+                if cut is not None:
+                    cutter = watch_connection(conn, cut - monotonic())
                 if not self._schema_checked:
                     self._check_schema(conn, operation)
                 if left is not None:
@@ -421,6 +427,8 @@ class PostgresBackend:
             finally:
                 if cutter is not None:
                     cutter.done()  # before the connection can go back to anybody
+                    if not cutter.reusable:  # cut off, perhaps just after it answered
+                        conn.pgconn.finish()
                 self._checkin(pool, conn, direct)
         except psycopg.Error as exc:
             raise map_error(exc, operation) from exc
@@ -1113,6 +1121,28 @@ def _connect_direct(
     return conn
 
 
+def check_within_cut_off(conn: Connection[Any]) -> None:
+    """psycopg_pool's connection check (``check_connection``: an empty query), as the pools
+    of ``connect()`` run it before handing a connection out, bounded by the calling thread's
+    cut-off (``worklease._deadline.cut_off``): a check still waiting then is cut off with its
+    connection, which the pool discards; past the cut-off the check is left out (the call's
+    own statement meets the cut at once)."""
+    cut = cut_off()
+    if cut is None:
+        ConnectionPool.check_connection(conn)
+        return
+    left = cut - monotonic()
+    if left <= 0:
+        return
+    cutter = watch_connection(conn, left)
+    try:
+        ConnectionPool.check_connection(conn)
+    finally:
+        cutter.done()
+        if not cutter.reusable:
+            conn.pgconn.finish()
+
+
 def run_statement(
     conn: Connection[Any],
     operation: str,
@@ -1158,10 +1188,14 @@ def run_statement(
                 pass
         result = cursor.pgresult
         rows = cursor.fetchall() if result and result.ntuples else []
+        if ticket is not None and not ticket.reusable:
+            conn.pgconn.finish()  # a cancel that lost the race may still reach it
         return rows, cursor.rowcount
     except BaseException as exc:
         if ticket is not None:
             ticket.done()  # before the connection can go back to anybody
+            if not ticket.reusable and not conn.closed:
+                conn.pgconn.finish()
         if isinstance(exc, pg_errors.ReadOnlySqlTransaction):
             refused = _read_only_refusal(conn, operation)
             if refused is not None:  # a primary, read-only by its settings: for good
