@@ -195,8 +195,10 @@ def within(timeout: float, late: Callable[[T], object], fn: Callable[..., T], *a
 
 CUT_OFF_MARGIN = 0.25
 """Final writes made in the calling thread are asked to end this long before the cleanup
-timeout (a cancel request at that deadline ends a statement the server is still running); a
-backend cuts a connection that has still not answered at the timeout itself."""
+timeout (a pool checkout waits no longer, and a simple query's server-side
+``statement_timeout`` ends there, so both keep their connection); a backend cuts a
+connection that has still not answered at the timeout itself, which also cancels what it
+runs (a prepared statement gets that cancel only)."""
 
 
 def cleanup(timeout: float, fn: Callable[..., T], *args: Any, self_bounded: bool = False) -> T:

@@ -127,10 +127,14 @@ class AsyncGroupCommit(Generic[T]):
             self._give_up(entry)
             raise
         if not answered:
-            self._give_up(entry)
+            outcome = (
+                "it was never sent"
+                if self._give_up(entry)
+                else "a round carries it: whether it was written is unknown"
+            )
             raise BackendError(
                 f"{self._operation}: the call's deadline passed while its write waited in a "
-                "group commit; whether it was written is unknown",
+                f"group commit; {outcome}",
                 transient=True,
             )
         if not entry.lead:
@@ -151,16 +155,19 @@ class AsyncGroupCommit(Generic[T]):
         if entry.error is not None:
             raise entry.error
 
-    def _give_up(self, entry: _Entry[T]) -> None:
-        """Stop waiting for ``entry``: taken out of the queue if no round has it yet (it is
-        never written); woken to lead just then, the lead is passed on; in a round in flight,
-        the round goes on without anybody waiting for this outcome."""
+    def _give_up(self, entry: _Entry[T]) -> bool:
+        """Stop waiting for ``entry``; true when it was taken out of the queue (no round had
+        it: it is never written). Woken to lead just then, the lead is passed on (it is
+        never written either); in a round in flight, the round goes on without anybody
+        waiting for this outcome."""
         with self._lock:
             if entry in self._queue:
                 self._queue.remove(entry)
-                return
+                return True
         if entry.lead:
             self._end_round([entry.key], led=True)
+            return True
+        return False
 
     def _take(self) -> list[_Entry[T]]:
         """The queued writes that join a new leader's round: to work IDs in no round in
