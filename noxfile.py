@@ -110,7 +110,8 @@ def redis(session: nox.Session) -> None:
 
 @nox.session(python=GEN_PYTHON)
 def bench(session: nox.Session) -> None:
-    """Lease operations vs the hand-written PostgreSQL floor, then handoff latency,
+    """Lease operations vs the hand-written PostgreSQL floor, the acquire statement's old
+    design beside the new, then handoff latency,
     transactional steps, checkpoint throughput under concurrency (group commit), HOT updates,
     a sweep of 200,000 rows beside an acquire and a live holder, etcd, Redis (private servers:
     standalone and Cluster), and the memory backend from 1,000 to 100,000 held leases ->
@@ -121,6 +122,7 @@ def bench(session: nox.Session) -> None:
     dsn = [arg for arg in session.posargs if arg.startswith("--dsn")]
     if "--dsn" in dsn:
         dsn.append(session.posargs[session.posargs.index("--dsn") + 1])
+    session.run("python", "benchmarks/bench_acquire_statement.py", *dsn)
     session.run("python", "benchmarks/bench_handoff.py", *dsn)
     session.run("python", "benchmarks/bench_transaction.py", *dsn)
     session.run("python", "benchmarks/bench_concurrency.py", *dsn)

@@ -359,6 +359,9 @@ class Texts:
     checkpoint: bytes
     renew: bytes
     release: bytes
+    token_column: int = 1
+    """Where the acquire's row carries the fencing token (worklease's own upsert returns a
+    row only when it grants, token first; the hand-written ones lead with ``true``)."""
 
     @classmethod
     def render(cls, statements: Statements, renewal: Statements, conn: AdaptContext) -> Texts:
@@ -369,6 +372,7 @@ class Texts:
             checkpoint=statements.checkpoint,
             renew=renewal.bounded(renewal.renew),
             release=statements.release,
+            token_column=0,
         )
 
     @classmethod
@@ -467,10 +471,11 @@ class Params:
         return {**self.owned(work_id, token), "mode": "finished"}
 
 
-def _granted(rows: Rows, work_id: str) -> int:
-    if not rows or not rows[0][0]:
+def _granted(rows: Rows, work_id: str, texts: Texts) -> int:
+    token = rows[0][texts.token_column] if rows else None
+    if not rows or not rows[0][0] or token is None:
         raise RuntimeError(f"floor: acquire of {work_id!r} was not granted: {rows!r}")
-    return int(rows[0][1])
+    return int(token)
 
 
 def _done(rows: Rows, what: str) -> None:
@@ -507,7 +512,7 @@ class SyncFloor:
 
     def acquire(self, work_id: str) -> int:
         rows = self.run(self.pool, self.texts.acquire, self.params.acquire(work_id))
-        return _granted(rows, work_id)
+        return _granted(rows, work_id, self.texts)
 
     def read_checkpoint(self, work_id: str) -> Rows:
         return self.run(self.pool, self.texts.read_checkpoint, {"work_id": work_id})
@@ -556,7 +561,7 @@ class AsyncFloor:
 
     async def acquire(self, work_id: str) -> int:
         rows = await self.run(self.pool, self.texts.acquire, self.params.acquire(work_id))
-        return _granted(rows, work_id)
+        return _granted(rows, work_id, self.texts)
 
     async def read_checkpoint(self, work_id: str) -> Rows:
         return await self.run(self.pool, self.texts.read_checkpoint, {"work_id": work_id})

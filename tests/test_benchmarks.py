@@ -203,6 +203,46 @@ def test_bench_handoff_writes_every_row(postgres_dsn: str, tmp_path: Path) -> No
     assert left == []
 
 
+ACQUIRE_SCRIPT = SCRIPT.with_name("bench_acquire_statement.py")
+
+
+@pytest.mark.postgres
+def test_bench_acquire_statement_writes_every_side(postgres_dsn: str, tmp_path: Path) -> None:
+    """Both designs of the acquire statement grant (the script checks every grant and the
+    release after it) and every side gets its row."""
+    result = subprocess.run(
+        [
+            sys.executable,
+            str(ACQUIRE_SCRIPT),
+            "--dsn",
+            postgres_dsn,
+            "--iterations",
+            "8",
+            "--block",
+            "2",
+            "--warmup",
+            "6",
+            "--output",
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+        cwd=ACQUIRE_SCRIPT.parent,
+    )
+    assert result.returncode == 0, result.stderr[-4000:]
+    table = (tmp_path / "acquire_statement.md").read_text(encoding="utf-8")
+    sides = ("same effect", "CTE + holder branch", "flat upsert", "Lease.acquire")
+    for side in sides:
+        assert f"| {side} |" in table
+    data = json.loads((tmp_path / "acquire_statement.json").read_text(encoding="utf-8"))
+    assert [(row["side"], row["n"]) for row in data["rows"]] == [(side, 8) for side in sides]
+    database = data["environment"]["database"]
+    left = pg.execute(postgres_dsn, "SELECT 1 FROM pg_database WHERE datname = %s", (database,))
+    assert left == []
+
+
 TX_SCRIPT = SCRIPT.with_name("bench_transaction.py")
 
 

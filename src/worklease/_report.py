@@ -93,14 +93,15 @@ class LeaseReporter:
     def __init__(self, observer: LeaseObserver) -> None:
         self.observer = observer
 
-    def _silent(self, *callbacks: str) -> bool:
-        """Whether the observer's ``callbacks`` do nothing (the default observer, patched
-        neither on the instance nor on the class): then no event is built. Asked at every
-        call, so an observer patched later is heard."""
+    def _silent(self, callback: str, other: str) -> bool:
+        """Whether the observer's ``callback`` and ``other`` do nothing (the default observer,
+        patched neither on the instance nor on the class): then no event is built. Asked at
+        every call, so an observer patched later is heard."""
         observer = self.observer
         if type(observer) is not LeaseObserver or observer.__dict__:
             return False
-        return all(_OBSERVER_METHODS[name] is _QUIET[name] for name in callbacks)
+        methods = _OBSERVER_METHODS
+        return methods[callback] is _QUIET[callback] and methods[other] is _QUIET[other]
 
     def _fenced(self, token: Token, operation: Operation, error: Exception | None) -> None:
         if isinstance(error, FencedError):

@@ -265,12 +265,110 @@ async def test_unknown_stored_prev_exit_reads_as_expired(
 
 
 async def test_held_error_names_holder_and_expiry(backend: AsyncPostgresBackend) -> None:
-    """LeaseHeldError carries the current holder and expiry read in the same statement."""
+    """LeaseHeldError carries the current holder and expiry, read after the refused upsert."""
     token = await backend.acquire("held", "holder-a", TTL)
     with pytest.raises(LeaseHeldError) as caught:
         await backend.acquire("held", "holder-b", TTL)
     assert caught.value.holder_id == "holder-a"
     assert caught.value.expires_at == token.expires_at
+
+
+def before_holder_reads(
+    monkeypatch: pytest.MonkeyPatch, backend: AsyncPostgresBackend, dsn: str, *steps: str
+) -> list[bytes]:
+    """Run one SQL step (``steps``, in order) just before each read of the holder that a
+    refused acquire makes; return the statements the backend ran, in order."""
+    run = backend._run
+    holder = backend._statements.holder
+    pending = list(steps)
+    ran: list[bytes] = []
+
+    async def hooked(operation: str, statement: bytes, params: dict[str, Any], **kw: Any) -> Any:
+        ran.append(statement)
+        if statement == holder and pending:
+            pg.execute(dsn, pending.pop(0))
+        return await run(operation, statement, params, **kw)
+
+    monkeypatch.setattr(backend, "_run", hooked)
+    return ran
+
+
+RELEASE_BY_SQL = (
+    "UPDATE worklease_leases SET exit_mode = 'finished',"
+    " expires_at = now() - interval '1 millisecond' WHERE work_id = 'race'"
+)
+TAKE_BY_SQL = (
+    "UPDATE worklease_leases SET holder_id = 'holder-c', fencing_token = fencing_token + 1,"
+    " exit_mode = NULL, expires_at = now() + interval '30 seconds' WHERE work_id = 'race'"
+)
+
+
+async def test_acquire_freed_after_its_refusal_is_tried_again(
+    backend: AsyncPostgresBackend, monkeypatch: pytest.MonkeyPatch, postgres_dsn: str
+) -> None:
+    """Released between the refused upsert and the read of its holder, the work ID is free:
+    the acquire tries once more and is granted instead of reporting a holder that left."""
+    first = await backend.acquire("race", "holder-a", TTL)
+    ran = before_holder_reads(monkeypatch, backend, postgres_dsn, RELEASE_BY_SQL)
+    token = await backend.acquire("race", "holder-b", TTL)
+    assert token.holder_id == "holder-b"
+    assert token.fencing_token > first.fencing_token
+    statements = backend._statements
+    assert ran == [statements.acquire, statements.holder, statements.acquire]
+    prior = await backend.read_checkpoint(token)
+    assert (prior.prev_exit, prior.prev_holder_id) == (ExitMode.FINISHED, "holder-a")
+
+
+async def test_acquire_refused_twice_over_a_moving_holder_names_nobody(
+    backend: AsyncPostgresBackend, monkeypatch: pytest.MonkeyPatch, postgres_dsn: str
+) -> None:
+    """Free at the read after the refusal, taken again before the retry, and free again at
+    the second read: held, but by whom is not known (no holder, no expiry); two tries
+    only."""
+    await backend.acquire("race", "holder-a", TTL)
+    ran = before_holder_reads(monkeypatch, backend, postgres_dsn, RELEASE_BY_SQL, RELEASE_BY_SQL)
+    take_before_retry(monkeypatch, backend, postgres_dsn)
+    with pytest.raises(LeaseHeldError) as caught:
+        await backend.acquire("race", "holder-b", TTL)
+    assert (caught.value.holder_id, caught.value.expires_at) == (None, None)
+    statements = backend._statements
+    assert ran == [statements.acquire, statements.holder] * 2
+
+
+def take_before_retry(
+    monkeypatch: pytest.MonkeyPatch, backend: AsyncPostgresBackend, dsn: str
+) -> None:
+    """Somebody else (holder-c) takes the work ID just before the second upsert."""
+    run = backend._run
+    acquire = backend._statements.acquire
+    upserts = 0
+
+    async def hooked(operation: str, statement: bytes, params: dict[str, Any], **kw: Any) -> Any:
+        nonlocal upserts
+        if statement == acquire:
+            upserts += 1
+            if upserts == 2:
+                pg.execute(dsn, TAKE_BY_SQL)
+        return await run(operation, statement, params, **kw)
+
+    monkeypatch.setattr(backend, "_run", hooked)
+
+
+async def test_acquire_refused_names_the_holder_that_took_over_meanwhile(
+    backend: AsyncPostgresBackend, monkeypatch: pytest.MonkeyPatch, postgres_dsn: str
+) -> None:
+    """Taken by somebody else between the refusal and the read: the error names who holds
+    it now, with no retry."""
+    await backend.acquire("race", "holder-a", TTL)
+    ran = before_holder_reads(
+        monkeypatch, backend, postgres_dsn, RELEASE_BY_SQL + "; " + TAKE_BY_SQL
+    )
+    with pytest.raises(LeaseHeldError) as caught:
+        await backend.acquire("race", "holder-b", TTL)
+    assert caught.value.holder_id == "holder-c"
+    assert caught.value.expires_at is not None
+    statements = backend._statements
+    assert ran == [statements.acquire, statements.holder]
 
 
 async def test_fifty_concurrent_acquirers_one_winner(backend: AsyncPostgresBackend) -> None:

@@ -382,8 +382,9 @@ class AsyncPostgresBackend:
         if self._closed:
             raise closed(operation)
         if pool is None:
-            await self.open()
             pool = self._pool
+            if self._owns_pool and pool.closed:
+                await self.open()
         left = seconds_left() if deadline_bound else None
         if left is not None:
             timeout = max(left, 0.001) if timeout is None else min(timeout, max(left, 0.001))
@@ -570,11 +571,24 @@ class AsyncPostgresBackend:
         # Bounded by the caller's deadline (a waiting acquire's timeout): the server ends a
         # statement stuck on a locked row in time, and it rolls back.
         statement = statements.acquire_statement(reading=reading)
-        rows, _ = await self._run("acquire", statement, params, deadline_bound=True)
-        grant = statements.acquired(rows, work_id, holder_id, reading=reading)
-        if self._renewal_statements is None:
-            self._learn_schema(grant.schema)  # free: the acquire statement reports it
-        return grant.token, grant.prior
+        for retry in (False, True):
+            rows, _ = await self._run("acquire", statement, params, deadline_bound=True)
+            grant = statements.acquired(rows, work_id, holder_id, reading=reading)
+            if grant is not None:
+                if self._renewal_statements is None:
+                    self._learn_schema(grant.schema)  # free: the acquire statement reports it
+                return grant.token, grant.prior
+            # Refused: who holds it (a second statement, on this path only).
+            rows, _ = await self._run(
+                "acquire", statements.holder, {"work_id": work_id}, deadline_bound=True
+            )
+            refusal = statements.held_by(rows, work_id)
+            if refusal is not None:
+                raise refusal
+            if retry:
+                break
+            # Free again already (released or expired since the refusal): once more.
+        raise statements.held_meanwhile(work_id)
 
     async def acquire_many(
         self, work_ids: Sequence[str], holder_id: str, ttl: float
