@@ -268,7 +268,9 @@ class _CancelWatch:
         with self._lock:
             ticket = CancelTicket(self, next(self._keys), conn, deadline, socket_fd)
             self._tickets[ticket._key] = ticket
-            if self._thread is None or not self._thread.is_alive():
+            # The thread clears this itself when it ends (lingered out, or an error), and a
+            # forked child clears it: no need to ask the thread at every call.
+            if self._thread is None:
                 thread = threading.Thread(
                     target=self._serve, name="worklease-cancel-watch", daemon=True
                 )

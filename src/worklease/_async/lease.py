@@ -160,7 +160,10 @@ class AsyncLease:
         """
         check_work_id(work_id)
         options = acquire_options(wait, timeout, poll_interval)
-        token, _ = await self._acquire(work_id, options, reading=False)
+        if options.wait:
+            token, _ = await self._acquire(work_id, options, reading=False)
+        else:  # the common call: one attempt, no wait to set up
+            token, _ = await self._acquire_once(work_id, False, None)
         return token
 
     async def _acquire_with_prior(

@@ -161,7 +161,10 @@ class Lease:
         """
         check_work_id(work_id)
         options = acquire_options(wait, timeout, poll_interval)
-        token, _ = self._acquire(work_id, options, reading=False)
+        if options.wait:
+            token, _ = self._acquire(work_id, options, reading=False)
+        else:  # the common call: one attempt, no wait to set up
+            token, _ = self._acquire_once(work_id, False, None)
         return token
 
     def _acquire_with_prior(
