@@ -128,12 +128,17 @@ def dsn(postgres_dsn: str) -> str:
 
 @contextmanager
 def running_pool(dsn: str, holder: str, work_ids: list[str]) -> Iterator[Pool]:
-    """A pool of ``holder`` over ``work_ids`` in a thread, checkpointing every 0.2 s."""
+    """A pool of ``holder`` over ``work_ids`` in a thread. Each work ID's run checkpoints
+    every 0.2 s and holds its lease until the pool stops, so every lease stays held while
+    the test looks (a run that ended and was rerun would leave its lease free in between,
+    and a page could show fewer than all)."""
     backend = PostgresBackend.connect(dsn, max_size=4)
+    stopping = threading.Event()
 
     def work(token: Token, prior: Checkpoint) -> bytes:
-        time.sleep(0.2)
-        return f"{holder} step at {time.time():.1f}".encode()
+        while not stopping.wait(0.2):
+            lease.checkpoint(token, f"{holder} step at {time.time():.1f}".encode())
+        return f"{holder} stopped at {time.time():.1f}".encode()
 
     lease = Lease(backend, holder_id=holder, ttl=30)
     pool = Pool(lease, work_ids, work, idle_interval=0.2, rerun_interval=0.1, fair_share=False)
@@ -142,6 +147,7 @@ def running_pool(dsn: str, holder: str, work_ids: list[str]) -> Iterator[Pool]:
     try:
         yield pool
     finally:
+        stopping.set()
         pool.stop()
         thread.join(30)
         backend.close()
