@@ -873,7 +873,7 @@ ORDER BY work_id"""
         if not rows:
             return None
         row = rows[0]  # fencing_token, expires_at, schema[, checkpoint, prev_exit, prev_holder]
-        token = Token(work_id, holder_id, int(row[0]), row[1].astimezone(UTC))
+        token = Token(work_id, holder_id, int(row[0]), _utc(row[1]))
         prior = _checkpoint(row[3], row[4], row[5]) if reading else None
         return Grant(token, prior, row[2])
 

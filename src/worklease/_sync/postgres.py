@@ -572,7 +572,7 @@ class PostgresBackend:
         # Bounded by the caller's deadline (a waiting acquire's timeout): the server ends a
         # statement stuck on a locked row in time, and it rolls back.
         statement = statements.acquire_statement(reading=reading)
-        for retry in (False, True):
+        for _ in range(2):  # once more if the work ID was free again by the read below
             rows, _ = self._run("acquire", statement, params, deadline_bound=True)
             grant = statements.acquired(rows, work_id, holder_id, reading=reading)
             if grant is not None:
@@ -586,9 +586,6 @@ class PostgresBackend:
             refusal = statements.held_by(rows, work_id)
             if refusal is not None:
                 raise refusal
-            if retry:
-                break
-            # Free again already (released or expired since the refusal): once more.
         raise statements.held_meanwhile(work_id)
 
     def acquire_many(
