@@ -995,10 +995,14 @@ ORDER BY work_id"""
 
     @staticmethod
     def checkpoint_row(rows: Rows, token: Token) -> Checkpoint:
-        row = _CheckpointRow(*rows[0]) if rows else None
-        if row is None or int(row.fencing_token) != token.fencing_token:
+        if not rows:
             raise fenced(token, "read_checkpoint")
-        return _checkpoint(row.checkpoint, row.prev_exit_mode, row.prev_holder_id)
+        # fencing_token, checkpoint, prev_exit_mode, prev_holder_id: read by index, as the
+        # acquire's row (a row type built per read costs more than the rest of the parsing)
+        row = rows[0]
+        if int(row[0]) != token.fencing_token:
+            raise fenced(token, "read_checkpoint")
+        return _checkpoint(row[1], row[2], row[3])
 
     @staticmethod
     def status_rows(rows: Rows) -> list[LeaseStatus]:
@@ -1028,13 +1032,6 @@ class _SurveyRow(NamedTuple):
     held: int | None
     checkpoint: bytes | None
     position: int | None
-
-
-class _CheckpointRow(NamedTuple):
-    fencing_token: int
-    checkpoint: bytes | None
-    prev_exit_mode: str | None
-    prev_holder_id: str | None
 
 
 class Grant(NamedTuple):

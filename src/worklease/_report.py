@@ -136,6 +136,8 @@ class LeaseReporter:
 
     def read(self, token: Token) -> Reported[Checkpoint]:
         """A checkpoint read; set ``result`` to the checkpoint."""
+        if self._silent("on_read_checkpoint", "on_read_checkpoint"):
+            return Reported(None)
 
         def finish(duration: float, error: Exception | None, prior: Checkpoint | None) -> None:
             if prior is None:

@@ -130,10 +130,13 @@ def _identifier_problem(value: str, what: str) -> str | None:
         return f"{what} must not be empty"
     if "\x00" in value:
         return f"{what} must not contain a NUL character"
-    try:
-        size = len(value.encode("utf-8"))
-    except UnicodeEncodeError:
-        return f"{what} must be encodable as UTF-8 (no lone surrogates)"
+    if value.isascii():  # the usual ID: one byte a character, nothing to encode
+        size = len(value)
+    else:
+        try:
+            size = len(value.encode("utf-8"))
+        except UnicodeEncodeError:
+            return f"{what} must be encodable as UTF-8 (no lone surrogates)"
     if size > MAX_WORK_ID_BYTES:
         return f"{what} is {size} bytes in UTF-8; the limit is {MAX_WORK_ID_BYTES} bytes"
     return None

@@ -98,13 +98,14 @@ class AsyncGroupCommit(Generic[T]):
 
     async def submit(self, item: T, key: str, deadline: float | None) -> None:
         entry: _Entry[T] | None = None
-        width = self._width()
         with self._lock:
+            # Nothing in flight (a lone caller, the usual case): any width lets it go, and
+            # the backend is not asked for its lanes (a read of its pool's size, no I/O).
             if (
-                self._in_flight < width
-                and not self._leading
+                not self._leading
                 and not self._queue
                 and key not in self._keys
+                and (not self._in_flight or self._in_flight < self._width())
             ):
                 self._in_flight += 1  # a free lane, no queue: alone, at once
                 self._keys.add(key)

@@ -1189,7 +1189,10 @@ async def run_statement(
     try:
         if restore:
             await conn.set_autocommit(True)
-        traits = await _traits(conn) if single is not None else None
+        traits = None
+        if single is not None:
+            # Asked once per connection: known from then on, without a call to wait for.
+            traits = known_traits(conn) or await _traits(conn)
         if single is not None and traits is not None and traits.extended(bound):
             cursor: AsyncCursor[Any] = AsyncCursor(conn, row_factory=tuple_row)
             if bound is not None and not watched:

@@ -1182,7 +1182,10 @@ def run_statement(
     try:
         if restore:
             conn.set_autocommit(True)
-        traits = _traits(conn) if single is not None else None
+        traits = None
+        if single is not None:
+            # Asked once per connection: known from then on, without a call to wait for.
+            traits = known_traits(conn) or _traits(conn)
         if single is not None and traits is not None and traits.extended(bound):
             cursor: Cursor[Any] = Cursor(conn, row_factory=tuple_row)
             if bound is not None and not watched:

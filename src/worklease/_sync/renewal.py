@@ -159,11 +159,16 @@ class Renewal:
 
     def stop(self) -> None:
         """Stop renewing, without waiting for an attempt in flight. Idempotent."""
+        if not self._schedule.stopped:
+            self._window.stop()
+            self._leave()
+
+    def _leave(self) -> None:
+        """Stop renewing once the window has stopped: no attempt is planned any more."""
         schedule = self._schedule
         if schedule.stopped:
             return
         schedule.stopped = True
-        self._window.stop()
         if self._renewer is not None:
             self._renewer.discard(self)
 
@@ -191,7 +196,7 @@ class Renewal:
         tb: TracebackType | None,
     ) -> None:
         cause = self._window.stop()  # the final verdict, decided atomically with the stop
-        self.stop()
+        self._leave()
         if self._context is not None:
             _current.reset(self._context)
             self._context = None
