@@ -37,11 +37,8 @@ overrides a call (with a wait of its own, say) makes no such promise unless it d
 again."""
 
 
-class bounded_by:  # a function's name: used as ``with bounded_by(deadline):``
-    """Run the block's backend calls with ``deadline`` (monotonic; ``None``: none).
-
-    A class rather than a generator context manager: it guards every checkpoint and
-    release, and a block that changes nothing (no deadline inside none) sets nothing."""
+class Bounding:
+    """Sets the call deadline for one ``with`` block (see :func:`bounded_by`)."""
 
     __slots__ = ("_deadline", "_entered", "_reset")
 
@@ -54,13 +51,39 @@ class bounded_by:  # a function's name: used as ``with bounded_by(deadline):``
         if self._entered:  # its one reset slot would be overwritten
             raise RuntimeError("bounded_by() guards one block: make a new one for another")
         self._entered = True
-        if self._deadline is not None or _deadline.get() is not None:
-            self._reset = _deadline.set(self._deadline)
+        self._reset = _deadline.set(self._deadline)
 
     def __exit__(self, *_: object) -> None:
         if self._reset is not None:
             _deadline.reset(self._reset)
             self._reset = None
+
+
+class _Unchanged:
+    """A block whose deadline is the one already in force: nothing to set or restore."""
+
+    __slots__ = ()
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *_: object) -> None:
+        return None
+
+
+_UNCHANGED = _Unchanged()
+
+
+def bounded_by(deadline: float | None) -> Bounding | _Unchanged:
+    """Run the block's backend calls with ``deadline`` (monotonic; ``None``: none), as in
+    ``with bounded_by(deadline):``.
+
+    Not a generator context manager: it guards every checkpoint and release, and a block
+    whose deadline is the one already in force (none inside none, the same one again) gets a
+    shared object that sets nothing."""
+    if deadline == _deadline.get():
+        return _UNCHANGED
+    return Bounding(deadline)
 
 
 def seconds_left() -> float | None:

@@ -14,7 +14,7 @@ from types import TracebackType
 from typing import Generic, TypeVar
 
 from ._models import Checkpoint, ExitMode, Operation, Token
-from ._validation import state_size
+from ._validation import StateLike, state_size
 from ._window import monotonic
 from .errors import FencedError
 from .observers import (
@@ -72,12 +72,61 @@ class Reported(Generic[_R]):
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        if self._finish is None:
-            return
-        if exc is None:
-            self._finish(monotonic() - self.start, None, self.result)
-        elif isinstance(exc, Exception):
-            self._finish(monotonic() - self.start, exc, None)
+        if self._finish is not None:
+            _finished(self._finish, self.start, exc, self.result)
+
+
+def _finished(
+    finish: Callable[[float, Exception | None, _R | None], None],
+    start: float,
+    exc: BaseException | None,
+    result: _R | None,
+) -> None:
+    """Report a block that began at ``start`` and ended with ``exc`` (``None``: ``result``);
+    a ``BaseException`` that is not an ``Exception`` (cancelled, interrupted) is not."""
+    if exc is None:
+        finish(monotonic() - start, None, result)
+    elif isinstance(exc, Exception):
+        finish(monotonic() - start, exc, None)
+
+
+class ReportedWrite:
+    """Times a write (which returns nothing) and reports it when the block ends; ``with ...
+    as start`` gives the monotonic instant the block began."""
+
+    __slots__ = ("_finish", "_start")
+
+    def __init__(self, finish: Callable[[float, Exception | None, None], None]) -> None:
+        self._finish = finish
+        self._start = 0.0
+
+    def __enter__(self) -> float:
+        self._start = start = monotonic()
+        return start
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        _finished(self._finish, self._start, exc, None)
+
+
+class _Unheard:
+    """A write nobody listens to: only its start is taken. One object serves every call
+    (it keeps nothing): a write costs no object of its own for its report."""
+
+    __slots__ = ()
+
+    def __enter__(self) -> float:
+        return monotonic()
+
+    def __exit__(self, *_: object) -> None:
+        return None
+
+
+_UNHEARD = _Unheard()
 
 
 def reported(finish: Callable[[float, Exception | None, _R | None], None]) -> Reported[_R]:
@@ -155,38 +204,42 @@ class LeaseReporter:
 
         return Reported(finish)
 
-    def checkpoint(self, token: Token, size: int) -> Reported[None]:
+    def checkpoint(self, token: Token, state: StateLike | None) -> ReportedWrite | _Unheard:
+        """A checkpoint of ``state`` (its size is reported); ``as`` gives the start."""
         if self._silent("on_checkpoint", "on_fenced"):
-            return Reported(None)
+            return _UNHEARD
+        size = state_size(state)
 
         def finish(duration: float, error: Exception | None, _: None) -> None:
             notify(self.observer.on_checkpoint, CheckpointEvent(token, size, duration, error))
             self._fenced(token, Operation.CHECKPOINT, error)
 
-        return Reported(finish)
+        return ReportedWrite(finish)
 
-    def renew(self, token: Token, attempt: int) -> Reported[None]:
+    def renew(self, token: Token, attempt: int) -> ReportedWrite | _Unheard:
+        """A renewal attempt; ``as`` gives the start."""
         if self._silent("on_renew", "on_fenced"):
-            return Reported(None)
+            return _UNHEARD
 
         def finish(duration: float, error: Exception | None, _: None) -> None:
             self.renewed(token, attempt, duration, error)
 
-        return Reported(finish)
+        return ReportedWrite(finish)
 
     def renewed(self, token: Token, attempt: int, duration: float, error: Exception | None) -> None:
         """One token's renewal attempt (alone, or its share of a batch)."""
         notify(self.observer.on_renew, RenewEvent(token, attempt, duration, error))
         self._fenced(token, Operation.RENEW, error)
 
-    def release(self, token: Token, mode: ExitMode) -> Reported[None]:
+    def release(self, token: Token, mode: ExitMode) -> ReportedWrite | _Unheard:
+        """A release with ``mode``; ``as`` gives the start."""
         if self._silent("on_release", "on_fenced"):
-            return Reported(None)
+            return _UNHEARD
 
         def finish(duration: float, error: Exception | None, _: None) -> None:
             self.released(token, mode, duration, error)
 
-        return Reported(finish)
+        return ReportedWrite(finish)
 
     def released(
         self, token: Token, mode: ExitMode, duration: float, error: Exception | None

@@ -7,8 +7,14 @@ from unittest import mock
 import pytest
 
 from worklease import ExitMode, FencedError, Lease, LeaseObserver, MemoryBackend
-from worklease._deadline import bounded_by, seconds_left
-from worklease.observers import AcquireEvent, ReleaseEvent
+from worklease._deadline import bounded_by, current_deadline, seconds_left
+from worklease._report import LeaseReporter
+from worklease.observers import (
+    AcquireEvent,
+    CheckpointEvent,
+    ReadCheckpointEvent,
+    ReleaseEvent,
+)
 
 
 def test_a_deadline_holds_inside_its_block_only() -> None:
@@ -55,6 +61,55 @@ def test_one_bound_guards_one_block() -> None:
     with bound, pytest.raises(RuntimeError, match="one block"):
         bound.__enter__()
     assert seconds_left() is None
+
+
+def test_a_block_whose_deadline_is_already_in_force_shares_one_object_and_sets_nothing() -> None:
+    assert bounded_by(None) is bounded_by(None)  # none inside none
+    with bounded_by(1e12):
+        same = bounded_by(1e12)
+        assert same is bounded_by(1e12)
+        with same:
+            assert current_deadline() == 1e12
+        assert current_deadline() == 1e12  # leaving it restored nothing it had not set
+        other = bounded_by(1e6)
+        assert other is not bounded_by(1e6)  # a change gets an object of its own
+        with other:
+            assert current_deadline() == 1e6
+        assert current_deadline() == 1e12
+    assert current_deadline() is None
+
+
+def test_a_write_nobody_listens_to_gives_its_start_and_builds_no_report() -> None:
+    reporter = LeaseReporter(LeaseObserver())
+    lease = Lease(MemoryBackend(), holder_id="h", ttl=30)
+    token = lease.acquire("quiet write")
+    with reporter.checkpoint(token, b"abc") as start:
+        assert isinstance(start, float)
+    assert reporter.checkpoint(token, b"abc") is reporter.release(token, ExitMode.FINISHED)
+    with pytest.raises(KeyError), reporter.release(token, ExitMode.FINISHED):
+        raise KeyError("not swallowed")
+
+
+def test_an_observer_hears_the_size_of_a_checkpoint_and_a_checkpoint_read() -> None:
+    heard: list[object] = []
+
+    class Writes(LeaseObserver):
+        def on_checkpoint(self, event: CheckpointEvent) -> None:
+            heard.append(event)
+
+        def on_read_checkpoint(self, event: ReadCheckpointEvent) -> None:
+            heard.append(event)
+
+    lease = Lease(MemoryBackend(), holder_id="h", ttl=30, observer=Writes())
+    token = lease.acquire("sizes")
+    lease.checkpoint(token, memoryview(b"12345"))
+    lease.read_checkpoint(token)
+    written, read = heard
+    assert isinstance(written, CheckpointEvent)
+    assert written.size == 5
+    assert written.error is None
+    assert isinstance(read, ReadCheckpointEvent)
+    assert read.size == 5
 
 
 def test_an_observer_method_patched_on_the_class_is_heard() -> None:

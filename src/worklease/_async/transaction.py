@@ -8,7 +8,7 @@ from typing import Any
 
 from .._models import Token
 from .._report import LeaseReporter
-from .._validation import normalize_state, state_size
+from .._validation import normalize_state
 from .._window import TokenSeal, fresh
 from .backend import AsyncBackendTransaction, StateLike
 
@@ -105,10 +105,9 @@ class AsyncLeaseTransaction:
         if cause is not None:  # the renewal lost the lease meanwhile: never commit
             await self._step.rollback()
             raise fresh(cause)
-        size = state_size(self._state) if self._staged else 0
-        with self._report.checkpoint(self._token, size) as call:
+        with self._report.checkpoint(self._token, self._state if self._staged else None) as start:
             await self._step.commit(self._state, self._staged, self._ttl)
-            self._seal.extend(call.start, self._ttl)
+            self._seal.extend(start, self._ttl)
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} work_id={self._token.work_id!r} staged={self._staged}>"

@@ -33,7 +33,6 @@ from .._validation import (
     check_ttl,
     check_work_id,
     normalize_state,
-    state_size,
 )
 from .._window import Backoff, TokenSeal, fresh, monotonic, seal_token, unseal
 from ..errors import BackendError, BackendRequiredError, ConfigError, LeaseHeldError, LeaseLostError
@@ -363,13 +362,13 @@ class Lease:
         # calling thread) bounds it too, if sooner. With asyncio the renewal cancels the
         # block, and the call with it.
         deadline = earliest(seal.deadline(), current_deadline()) if _IS_SYNC else None
-        with self._report.checkpoint(token, state_size(state)) as call, bounded_by(deadline):
+        with self._report.checkpoint(token, state) as start, bounded_by(deadline):
             group = self._checkpoints
             if group is None:
                 self._backend.checkpoint(token, data, self._ttl)
             else:
                 group.submit((token, data), token.work_id, deadline)
-            seal.extend(call.start, self._ttl)
+            seal.extend(start, self._ttl)
 
     def _checkpoint_one(self, item: tuple[Token, bytes | None]) -> None:
         self._backend.checkpoint(item[0], item[1], self._ttl)
@@ -411,13 +410,13 @@ class Lease:
         released (only a checkpoint can revive a lapsed lease).
         """
         seal = self._writable(token)
-        with self._report.renew(token, 1) as call:
+        with self._report.renew(token, 1) as start:
             group = self._renews
             if group is None:
                 self._backend.renew(token, self._ttl)
             else:
                 group.submit(token, token.work_id, None)
-            seal.extend(call.start, self._ttl)
+            seal.extend(start, self._ttl)
 
     def _renew_one(self, token: Token) -> None:
         self._backend.renew(token, self._ttl)

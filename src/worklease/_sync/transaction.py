@@ -11,7 +11,7 @@ from typing import Any
 
 from .._models import Token
 from .._report import LeaseReporter
-from .._validation import normalize_state, state_size
+from .._validation import normalize_state
 from .._window import TokenSeal, fresh
 from .backend import BackendTransaction, StateLike
 
@@ -108,10 +108,9 @@ class LeaseTransaction:
         if cause is not None:  # the renewal lost the lease meanwhile: never commit
             self._step.rollback()
             raise fresh(cause)
-        size = state_size(self._state) if self._staged else 0
-        with self._report.checkpoint(self._token, size) as call:
+        with self._report.checkpoint(self._token, self._state if self._staged else None) as start:
             self._step.commit(self._state, self._staged, self._ttl)
-            self._seal.extend(call.start, self._ttl)
+            self._seal.extend(start, self._ttl)
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} work_id={self._token.work_id!r} staged={self._staged}>"
