@@ -93,24 +93,31 @@ class AsyncLease:
         self._renewals = AsyncRenewals(self._renew_together, self._ttl)
         # Group commit: concurrent calls through this object share one statement per round
         # when the backend has the batch operation (see group.py).
+        # A lone write is the backend's own call, awaited by the group with no call of the
+        # lease's in between (each layer costs its share of every write).
         capabilities = self._capabilities
+        ttl = self._ttl
         self._checkpoints: AsyncGroupCommit[tuple[Token, bytes | None]] | None = None
         if capabilities.checkpoint_many is not None:
             # Checkpoints go alone while the backend has a free lane (its pool's size), so
             # callers that find connections free run side by side; only a queue is grouped.
             self._checkpoints = AsyncGroupCommit(
-                self._checkpoint_one,
+                lambda item: backend.checkpoint(item[0], item[1], ttl),
                 self._checkpoint_many,
                 operation="checkpoint",
                 lanes=lambda: write_lanes(backend),
             )
         self._renews: AsyncGroupCommit[Token] | None = None
         if capabilities.renew_many is not None:
-            self._renews = AsyncGroupCommit(self._renew_one, self._renew_many, operation="renew")
+            self._renews = AsyncGroupCommit(
+                lambda token: backend.renew(token, ttl), self._renew_many, operation="renew"
+            )
         self._releases: AsyncGroupCommit[tuple[Token, ExitMode]] | None = None
         if capabilities.release_many is not None:
             self._releases = AsyncGroupCommit(
-                self._release_one, self._release_many, operation="release"
+                lambda item: backend.release(item[0], item[1]),
+                self._release_many,
+                operation="release",
             )
 
     @property
@@ -371,9 +378,6 @@ class AsyncLease:
                 await group.submit((token, data), token.work_id, deadline)
             seal.extend(start, self._ttl)
 
-    async def _checkpoint_one(self, item: tuple[Token, bytes | None]) -> None:
-        await self._backend.checkpoint(item[0], item[1], self._ttl)
-
     async def _checkpoint_many(
         self, items: list[tuple[Token, bytes | None]]
     ) -> list[LeaseLostError | None]:
@@ -421,9 +425,6 @@ class AsyncLease:
                 await group.submit(token, token.work_id, None)
             seal.extend(start, self._ttl)
 
-    async def _renew_one(self, token: Token) -> None:
-        await self._backend.renew(token, self._ttl)
-
     async def _renew_many(self, tokens: list[Token]) -> list[LeaseLostError | None]:
         many = self._capabilities.renew_many
         assert many is not None
@@ -453,9 +454,6 @@ class AsyncLease:
                 await self._backend.release(token, declared)
             else:
                 await group.submit((token, declared), token.work_id, deadline)
-
-    async def _release_one(self, item: tuple[Token, ExitMode]) -> None:
-        await self._backend.release(item[0], item[1])
 
     async def _release_many(
         self, items: list[tuple[Token, ExitMode]]

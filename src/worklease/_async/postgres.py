@@ -429,7 +429,10 @@ class AsyncPostgresBackend:
                     cutter.done()  # before the connection can go back to anybody
                     if not cutter.reusable:  # cut off, perhaps just after it answered
                         conn.pgconn.finish()
-                await self._checkin(pool, conn, direct)
+                if direct:
+                    await self._checkin(pool, conn, direct)
+                else:  # the usual case, straight back to its pool
+                    await pool.putconn(conn)
         except psycopg.Error as exc:
             raise map_error(exc, operation) from exc
 

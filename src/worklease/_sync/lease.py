@@ -96,23 +96,32 @@ class Lease:
         self._renewals = Renewals(self._renew_together, self._ttl)
         # Group commit: concurrent calls through this object share one statement per round
         # when the backend has the batch operation (see group.py).
+        # A lone write is the backend's own call, awaited by the group with no call of the
+        # lease's in between (each layer costs its share of every write).
         capabilities = self._capabilities
+        ttl = self._ttl
         self._checkpoints: GroupCommit[tuple[Token, bytes | None]] | None = None
         if capabilities.checkpoint_many is not None:
             # Checkpoints go alone while the backend has a free lane (its pool's size), so
             # callers that find connections free run side by side; only a queue is grouped.
             self._checkpoints = GroupCommit(
-                self._checkpoint_one,
+                lambda item: backend.checkpoint(item[0], item[1], ttl),
                 self._checkpoint_many,
                 operation="checkpoint",
                 lanes=lambda: write_lanes(backend),
             )
         self._renews: GroupCommit[Token] | None = None
         if capabilities.renew_many is not None:
-            self._renews = GroupCommit(self._renew_one, self._renew_many, operation="renew")
+            self._renews = GroupCommit(
+                lambda token: backend.renew(token, ttl), self._renew_many, operation="renew"
+            )
         self._releases: GroupCommit[tuple[Token, ExitMode]] | None = None
         if capabilities.release_many is not None:
-            self._releases = GroupCommit(self._release_one, self._release_many, operation="release")
+            self._releases = GroupCommit(
+                lambda item: backend.release(item[0], item[1]),
+                self._release_many,
+                operation="release",
+            )
 
     @property
     def backend(self) -> Backend:
@@ -370,9 +379,6 @@ class Lease:
                 group.submit((token, data), token.work_id, deadline)
             seal.extend(start, self._ttl)
 
-    def _checkpoint_one(self, item: tuple[Token, bytes | None]) -> None:
-        self._backend.checkpoint(item[0], item[1], self._ttl)
-
     def _checkpoint_many(
         self, items: list[tuple[Token, bytes | None]]
     ) -> list[LeaseLostError | None]:
@@ -418,9 +424,6 @@ class Lease:
                 group.submit(token, token.work_id, None)
             seal.extend(start, self._ttl)
 
-    def _renew_one(self, token: Token) -> None:
-        self._backend.renew(token, self._ttl)
-
     def _renew_many(self, tokens: list[Token]) -> list[LeaseLostError | None]:
         many = self._capabilities.renew_many
         assert many is not None
@@ -450,9 +453,6 @@ class Lease:
                 self._backend.release(token, declared)
             else:
                 group.submit((token, declared), token.work_id, deadline)
-
-    def _release_one(self, item: tuple[Token, ExitMode]) -> None:
-        self._backend.release(item[0], item[1])
 
     def _release_many(self, items: list[tuple[Token, ExitMode]]) -> list[LeaseLostError | None]:
         """One ``release_many`` per exit mode in the round; each item's outcome, in order."""

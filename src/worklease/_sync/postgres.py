@@ -430,7 +430,10 @@ class PostgresBackend:
                     cutter.done()  # before the connection can go back to anybody
                     if not cutter.reusable:  # cut off, perhaps just after it answered
                         conn.pgconn.finish()
-                self._checkin(pool, conn, direct)
+                if direct:
+                    self._checkin(pool, conn, direct)
+                else:  # the usual case, straight back to its pool
+                    pool.putconn(conn)
         except psycopg.Error as exc:
             raise map_error(exc, operation) from exc
 
