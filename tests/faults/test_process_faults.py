@@ -630,8 +630,17 @@ def check_zombie_round(this: ZombieRound, lines: list[Line], done: Line) -> None
         assert rejected_at is not None, f"{work_id}: the zombie was never rejected: {mine[-10:]}"
     elif this.outcome == "kept":
         assert rejected_at is None, mine[-10:]
-        assert first(mine, "released") is not None, mine[-10:]
-        assert done["error"] is None, done
+        failed = first(mine, "release_failed")
+        if failed is None:
+            assert first(mine, "released") is not None, [line.get("event") for line in mine]
+            assert done["error"] is None, done
+        else:
+            # Kept through the pause (three writes acked after it, asserted above), then, on a
+            # loaded machine, the release outran what was left of the half-second window: a
+            # release is bounded by it, so it was cancelled at that bound (transient) or found
+            # the lease lost. Either way it wrote nothing late; a silent success would not do.
+            assert failed["error"] in LOST_TYPES or failed.get("transient") is True, failed
+            assert done["error"] is None or done["error"] in LOST_TYPES, done
     else:  # ambiguous: kept it (and released it), or lost it on its own
         failed = first(mine, "release_failed")
         if failed is not None:  # the renewal found it lapsed just before the release
