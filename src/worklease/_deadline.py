@@ -80,7 +80,8 @@ def bounded_by(deadline: float | None) -> Bounding | _Unchanged:
 
     Not a generator context manager: it guards every checkpoint and release, and a block
     whose deadline is the one already in force (none inside none, the same one again) gets a
-    shared object that sets nothing."""
+    shared object that sets nothing. That is decided when it is called: call it in the
+    ``with`` statement that uses it, in the same thread or task."""
     if deadline == _deadline.get():
         return _UNCHANGED
     return Bounding(deadline)

@@ -1,10 +1,11 @@
 """Reporting backend calls to observers: one helper times a call, builds its event, sends it
 (and ``on_fenced`` after a fenced write). Shared by both flavours.
 
-A call is reported with ``with reporter.checkpoint(token, size): await backend...``: the block
-is timed, and when it ends the event goes out with the block's duration and its exception, if
-any. A ``BaseException`` that is not an ``Exception`` (a cancellation, an interrupt) is not
-reported: the call did not end, it was abandoned.
+A call is reported with ``with reporter.checkpoint(token, state) as start: await backend...``:
+the block is timed, and when it ends the event goes out with the block's duration and its
+exception, if any. A ``BaseException`` that is not an ``Exception`` (a cancellation, an
+interrupt) is not reported: the call did not end, it was abandoned. A write nobody listens to
+gets one shared object that only gives the start.
 """
 
 from __future__ import annotations

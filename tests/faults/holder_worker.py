@@ -227,10 +227,18 @@ def zombie(args: argparse.Namespace) -> int:
 
         while True:
             if release.is_set():
+                left = renewal.remaining()  # the window the release is bounded by
+                began = time.monotonic()
                 try:
                     lease.release(token, ExitMode.FINISHED)
                 except Exception as exc:
-                    emit(event="release_failed", work_id=work_id, **error_fields(exc))
+                    emit(
+                        event="release_failed",
+                        work_id=work_id,
+                        left=left,
+                        elapsed=time.monotonic() - began,
+                        **error_fields(exc),
+                    )
                 else:
                     emit(event="released", work_id=work_id, last=n)
                 return

@@ -573,6 +573,9 @@ def test_zombie_after_sigstop_is_fenced(
 
     taken = [r for r in rounds if r.outcome == "taken"]
     kept = [r for r in rounds if r.outcome == "kept"]
+    cut = [r for r in rounds if r.outcome == "kept, release cut"]
+    # A release cut at the window's end is load, not the pause: rare, or something is wrong.
+    assert len(cut) <= max(2, len(kept) // 20), [r.work_id for r in cut]
     ambiguous = [r for r in rounds if r.outcome == "ambiguous"]
     assert taken, "no pause let a successor take over"
     assert kept, "no pause was clearly shorter than the lease"
@@ -585,6 +588,7 @@ def test_zombie_after_sigstop_is_fenced(
         f"{min(r.pause for r in rounds):.2f}..{max(r.pause for r in rounds):.2f} s) in "
         f"{elapsed:.0f} s: {len(taken)} taken over, {len(kept)} clearly short (kept; resumed "
         f"with >= {min(min(r.window_left, r.remaining - r.pause) for r in kept):.2f} s left), "
+        f"{len(cut)} kept but released past the window's end, "
         f"{len(ambiguous)} near the TTL (no successor; "
         f"{sum(r.cause is not None for r in ambiguous)} lost on their own); "
         f"{len(rejected)} zombie writes rejected; renewal causes {causes}; "
@@ -636,11 +640,19 @@ def check_zombie_round(this: ZombieRound, lines: list[Line], done: Line) -> None
             assert done["error"] is None, done
         else:
             # Kept through the pause (three writes acked after it, asserted above), then, on a
-            # loaded machine, the release outran what was left of the half-second window: a
-            # release is bounded by it, so it was cancelled at that bound (transient) or found
-            # the lease lost. Either way it wrote nothing late; a silent success would not do.
-            assert failed["error"] in LOST_TYPES or failed.get("transient") is True, failed
+            # loaded machine, the release outran the half-second window it is bounded by: it
+            # failed only once the window had run out (cancelled at the bound, or found the
+            # lease lost), or the renewal had already lost the lease to the load before it.
+            # Never fenced (nobody else took the work ID), never early.
+            assert failed["error"] != "FencedError", failed
+            left = failed.get("left")
+            if left is None:  # lost before the release began: the renewal says so
+                assert failed["error"] in {"LeaseWindowExhaustedError", "LeaseLapsedError"}, failed
+            else:
+                assert failed["error"] in LOST_TYPES or failed.get("transient") is True, failed
+                assert failed["elapsed"] + 0.05 >= left, f"{work_id}: failed early: {failed}"
             assert done["error"] is None or done["error"] in LOST_TYPES, done
+            this.outcome = "kept, release cut"
     else:  # ambiguous: kept it (and released it), or lost it on its own
         failed = first(mine, "release_failed")
         if failed is not None:  # the renewal found it lapsed just before the release
