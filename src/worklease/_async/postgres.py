@@ -429,10 +429,7 @@ class AsyncPostgresBackend:
                     cutter.done()  # before the connection can go back to anybody
                     if not cutter.reusable:  # cut off, perhaps just after it answered
                         conn.pgconn.finish()
-                if direct:
-                    await self._checkin(pool, conn, direct)
-                else:  # the usual case, straight back to its pool
-                    await pool.putconn(conn)
+                await self._checkin(pool, conn, direct)
         except psycopg.Error as exc:
             raise map_error(exc, operation) from exc
 

@@ -430,10 +430,7 @@ class PostgresBackend:
                     cutter.done()  # before the connection can go back to anybody
                     if not cutter.reusable:  # cut off, perhaps just after it answered
                         conn.pgconn.finish()
-                if direct:
-                    self._checkin(pool, conn, direct)
-                else:  # the usual case, straight back to its pool
-                    pool.putconn(conn)
+                self._checkin(pool, conn, direct)
         except psycopg.Error as exc:
             raise map_error(exc, operation) from exc
 
