@@ -483,7 +483,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--dsn", default=default_dsn(), help="server to use (needs CREATEDB)")
     parser.add_argument("--seconds", type=float, default=10.0, help="per side and concurrency")
     parser.add_argument(
-        "--slices", type=int, default=5, help="turns the sides take within those seconds"
+        "--slices",
+        type=int,
+        default=20,
+        help="turns the sides take within those seconds (short turns spread the machine's "
+        "drift over every side)",
     )
     parser.add_argument(
         "--concurrency", type=int, nargs="+", default=list(CONCURRENCY), help="values of C"
