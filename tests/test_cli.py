@@ -518,13 +518,24 @@ def test_status_watch_prints_plain_frames_into_a_pipe(postgres_dsn: str) -> None
         [str(CONSOLE_SCRIPT), "status", "--dsn", postgres_dsn, "--watch", "100ms"],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
-        text=True,
     )
+    assert process.stdout is not None
+    seen = b""
+    deadline = monotonic() + 30
     try:
-        sleep(1.5)
+        # Interrupt only once three frames arrived: a signal during start-up
+        # (still importing) is not what this test is about.
+        while seen.count(b"every 100ms, ") < 3 and monotonic() < deadline:
+            ready, _, _ = select.select([process.stdout], [], [], 0.5)
+            if ready:
+                chunk = os.read(process.stdout.fileno(), 65536)
+                if not chunk:
+                    break
+                seen += chunk
     finally:
         process.send_signal(signal.SIGINT)
-        out, err = process.communicate(timeout=30)
+        rest, err_bytes = process.communicate(timeout=30)
+    out, err = (seen + rest).decode(), err_bytes.decode()
     assert process.returncode == 0, err
     assert "\x1b" not in out  # no terminal codes in a pipe or a log
     frames = out.split("every 100ms, ")[1:]
