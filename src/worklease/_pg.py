@@ -72,6 +72,22 @@ def statement_timeout(seconds: float) -> str:
     return str(min(max(int(seconds * 1000), 1), _MAX_STATEMENT_TIMEOUT_MS))
 
 
+def tx_begin(limit: str) -> bytes:
+    """The first statement of a transactional step: BEGIN, and both timeouts set to ``limit``
+    (a ``statement_timeout`` value, or "0": no bound). The value is written into the text
+    (it is a whole number, nothing to quote), so the statement goes as it is, with no
+    client-side binding to pay for at every step."""
+    if not limit.isdigit():
+        raise ValueError(f"a step's bound is whole milliseconds, not {limit!r}")
+    value = limit.encode()
+    return (
+        b"BEGIN ISOLATION LEVEL READ COMMITTED; SET LOCAL statement_timeout = "
+        + value
+        + b"; SET LOCAL idle_in_transaction_session_timeout = "
+        + value
+    )
+
+
 def renewal_bounds(seconds: float) -> tuple[float | None, float | None]:
     """How long a renewal with a TTL of ``seconds`` may wait for a connection, and how long
     its statement may run: the TTL, since a renewal that takes longer is of no use. A TTL of
@@ -691,11 +707,6 @@ RETURNING true, pg_notify('{RELEASE_CHANNEL}', work_id)"""
         # the COMMIT, then sees the extended lease), writes the staged checkpoint, and
         # succeeds only while the token is the current grant and the lease has not lapsed at
         # that moment (clock_timestamp(): now() would be the transaction's start).
-        self.tx_begin = (
-            b"BEGIN ISOLATION LEVEL READ COMMITTED; "
-            b"SET LOCAL statement_timeout = %(limit)s; "
-            b"SET LOCAL idle_in_transaction_session_timeout = %(limit)s"
-        )
         # One plain UPDATE (cheap to plan on the simple protocol): a row means the step may
         # commit; no row means it may not, and tx_status (read after the rollback) says why.
         self.tx_guard = (

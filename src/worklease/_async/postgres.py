@@ -54,6 +54,7 @@ from .._pg import (
     renewal_bounds,
     single_statement,
     statement_timeout,
+    tx_begin,
 )
 from .._validation import (
     backend_ttl,
@@ -898,7 +899,8 @@ class AsyncPostgresTransaction:
                     # off for the step, as it was afterwards.
                     self._restore_threshold = conn.prepare_threshold
                     conn.prepare_threshold = None
-            await AsyncClientCursor(conn).execute(self._statements.tx_begin, {"limit": bound})
+            # Several statements in one simple query: never prepared.
+            await conn.execute(tx_begin(bound), prepare=False)
         except BaseException as exc:
             await self._finish(discard=True)
             if isinstance(exc, psycopg.Error):
@@ -937,7 +939,7 @@ class AsyncPostgresTransaction:
             await self.rollback()
             raise await self._loss() or lease_lapsed(self._token, "transaction")
         try:
-            await AsyncClientCursor(conn).execute(b"COMMIT")
+            await conn.commit()  # the driver's own COMMIT: no cursor to build
         except BaseException as exc:
             if isinstance(exc, psycopg.Error) and not (conn.closed or conn.broken):
                 await self._finish(discard=False)  # the server refused: rolled back

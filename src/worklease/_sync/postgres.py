@@ -57,6 +57,7 @@ from .._pg import (
     renewal_bounds,
     single_statement,
     statement_timeout,
+    tx_begin,
 )
 from .._validation import (
     backend_ttl,
@@ -891,7 +892,8 @@ class PostgresTransaction:
                     # off for the step, as it was afterwards.
                     self._restore_threshold = conn.prepare_threshold
                     conn.prepare_threshold = None
-            ClientCursor(conn).execute(self._statements.tx_begin, {"limit": bound})
+            # Several statements in one simple query: never prepared.
+            conn.execute(tx_begin(bound), prepare=False)
         except BaseException as exc:
             self._finish(discard=True)
             if isinstance(exc, psycopg.Error):
@@ -930,7 +932,7 @@ class PostgresTransaction:
             self.rollback()
             raise self._loss() or lease_lapsed(self._token, "transaction")
         try:
-            ClientCursor(conn).execute(b"COMMIT")
+            conn.commit()  # the driver's own COMMIT: no cursor to build
         except BaseException as exc:
             if isinstance(exc, psycopg.Error) and not (conn.closed or conn.broken):
                 self._finish(discard=False)  # the server refused: rolled back
