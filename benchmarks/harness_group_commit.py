@@ -5,7 +5,12 @@ One ``AsyncConnectionPool(min_size=max_size=8, kwargs={"autocommit": True})``, o
 ``AsyncPostgresBackend``, one ``AsyncLease``; C tasks each checkpoint their own work ID with a
 256-byte state in a loop, in 3 s blocks alternating with the hand-written token-guarded UPDATE
 on the same pool (``pool.connection()`` and ``conn.execute`` with psycopg's defaults). It
-prints, per C, the median checkpoints/s of each side over the blocks and their ratio.
+prints, per C, the median checkpoints/s of each side over the blocks and their ratio, and
+what each checkpoint cost in CPU: the client's (this process) and the server's (every local
+process named ``postgres``, read from ``/proc``; "n/a" when none is visible). On a machine where
+the server has cores to spare, the client's single event loop is what bounds both sides, so
+their throughput ratio tends to the ratio of their client CPU per checkpoint; where client and
+server share few cores, to the ratio of client + server CPU.
 
 ``--uvloop`` runs it on uvloop (when installed). The work IDs are fresh per run; the table is
 the one on the search path of ``--dsn`` (``worklease migrate`` first). It only reports.
@@ -34,7 +39,40 @@ WHERE work_id = %(work_id)s AND fencing_token = %(token)s AND exit_mode IS NULL
 RETURNING true"""
 
 
-async def block(count: int, seconds: float, step: Callable[[int], Awaitable[None]]) -> float:
+def server_cpu_seconds() -> float | None:
+    """CPU time (user + system) of every process named ``postgres`` this machine shows, or
+    None when there is none (a remote server)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    total, seen = 0, False
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return None
+    for entry in entries:
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as stat:
+                raw = stat.read()
+        except OSError:
+            continue  # gone since listed
+        name = raw[raw.index(b"(") + 1 : raw.rindex(b")")]
+        if name != b"postgres":
+            continue
+        fields = raw[raw.rindex(b")") + 2 :].split()
+        total += int(fields[11]) + int(fields[12])  # utime, stime
+        seen = True
+    return total / tick if seen else None
+
+
+class Block:
+    """One side's block: checkpoints per second, client and server CPU per checkpoint."""
+
+    def __init__(self, rate: float, client_us: float, server_us: float | None) -> None:
+        self.rate, self.client_us, self.server_us = rate, client_us, server_us
+
+
+async def block(count: int, seconds: float, step: Callable[[int], Awaitable[None]]) -> Block:
     stop = False
     done = 0
 
@@ -44,12 +82,18 @@ async def block(count: int, seconds: float, step: Callable[[int], Awaitable[None
             await step(index)
             done += 1
 
+    server_before, client_before = server_cpu_seconds(), time.process_time()
     tasks = [asyncio.create_task(loop(i)) for i in range(count)]
     began = time.perf_counter()
     await asyncio.sleep(seconds)
     stop = True
     await asyncio.gather(*tasks)
-    return done / (time.perf_counter() - began)
+    elapsed = time.perf_counter() - began
+    client, server_after = time.process_time() - client_before, server_cpu_seconds()
+    server = None
+    if server_before is not None and server_after is not None:
+        server = (server_after - server_before) * 1e6 / max(done, 1)
+    return Block(done / elapsed, client * 1e6 / max(done, 1), server)
 
 
 async def run(dsn: str, concurrency: int, blocks: int, seconds: float) -> None:
@@ -77,21 +121,44 @@ async def run(dsn: str, concurrency: int, blocks: int, seconds: float) -> None:
                 if not await cursor.fetchall():
                     raise RuntimeError("the hand-written checkpoint matched no row")
 
-        rates: dict[str, list[float]] = {"worklease": [], "hand": []}
+        results: dict[str, list[Block]] = {"worklease": [], "hand": []}
         for index in range(blocks):
             order = ("worklease", "hand") if index % 2 == 0 else ("hand", "worklease")
             for side in order:
                 step = ours_step if side == "worklease" else hand_step
-                rates[side].append(await block(concurrency, seconds, step))
-        mine, theirs = statistics.median(rates["worklease"]), statistics.median(rates["hand"])
+                results[side].append(await block(concurrency, seconds, step))
+        medians = {side: summarize(blocks_of) for side, blocks_of in results.items()}
+        (mine, my_client, my_server), (theirs, their_client, their_server) = (
+            medians["worklease"],
+            medians["hand"],
+        )
+        cpu = f"client CPU/checkpoint {my_client:.0f} vs {their_client:.0f} µs"
+        if my_server is not None and their_server is not None:
+            cpu += (
+                f", server {my_server:.0f} vs {their_server:.0f} µs; CPU ratios: client "
+                f"{their_client / my_client:.2f}, client + server "
+                f"{(their_client + their_server) / (my_client + my_server):.2f}"
+            )
+        else:
+            cpu += f" (ratio {their_client / my_client:.2f}), server n/a"
         print(
             f"C={concurrency}: worklease {mine:,.0f}/s, hand-written {theirs:,.0f}/s, "
-            f"ratio {mine / theirs:.2f}",
+            f"ratio {mine / theirs:.2f}; {cpu}",
             flush=True,
         )
         for token in (*ours, *hand):
             await lease.release(token, ExitMode.FINISHED)
         await backend.close()
+
+
+def summarize(blocks: list[Block]) -> tuple[float, float, float | None]:
+    """Medians over one side's blocks: rate, client and server CPU µs per checkpoint."""
+    servers = [b.server_us for b in blocks if b.server_us is not None]
+    return (
+        statistics.median(b.rate for b in blocks),
+        statistics.median(b.client_us for b in blocks),
+        statistics.median(servers) if len(servers) == len(blocks) else None,
+    )
 
 
 def main() -> None:
