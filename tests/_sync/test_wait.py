@@ -9,7 +9,14 @@ from time import monotonic
 
 import pytest
 
-from worklease import Backend, ExitMode, Lease, LeaseHeldError
+from worklease import (
+    AcquireEvent,
+    Backend,
+    ExitMode,
+    Lease,
+    LeaseHeldError,
+    LeaseObserver,
+)
 
 
 def test_waiter_takes_over_right_after_a_crashed_holders_expiry(
@@ -29,16 +36,37 @@ def test_waiter_takes_over_right_after_a_crashed_holders_expiry(
     assert (prior.prev_exit, prior.prev_holder_id) == (ExitMode.EXPIRED, "crashed")
 
 
+class _Attempts(LeaseObserver):
+    """Every backend acquire attempt of a lease, in order."""
+
+    def __init__(self) -> None:
+        self.events: list[AcquireEvent] = []
+
+    def on_acquire(self, event: AcquireEvent) -> None:
+        self.events.append(event)
+
+
 def test_waiter_falls_back_to_the_poll_interval_when_the_expiry_does_not_come(
     backend: Backend,
 ) -> None:
     """A holder that keeps renewing: the waiter polls, and the wait ends by its timeout."""
     holder = Lease(backend, holder_id="holder", ttl=30)
     holder.acquire("kept")
-    waiter = Lease(backend, holder_id="waiter", ttl=30)
+    attempts = _Attempts()
+    waiter = Lease(backend, holder_id="waiter", ttl=30, observer=attempts)
     start = monotonic()
     with pytest.raises(TimeoutError) as caught:
-        waiter.acquire("kept", wait=True, timeout=0.4, poll_interval=0.1)
-    assert isinstance(caught.value.__cause__, LeaseHeldError)
-    assert caught.value.__cause__.holder_id in ("holder", None)
-    assert 0.35 < monotonic() - start < 5.0
+        waiter.acquire("kept", wait=True, timeout=1.0, poll_interval=0.1)
+    assert 0.95 < monotonic() - start < 10.0
+    errors = [event.error for event in attempts.events]
+    # It polled: the first attempts were refused because the lease is held...
+    assert len(errors) >= 2, errors
+    assert all(isinstance(error, LeaseHeldError) for error in errors[:-1]), errors
+    held = [error for error in errors if isinstance(error, LeaseHeldError)]
+    assert all(error.holder_id in ("holder", None) for error in held), held
+    # ...and the wait ended with the last one: refused too, or (on a slow machine) still
+    # running when the timeout came and cut off by it. Either way it is the cause.
+    last = errors[-1]
+    assert isinstance(last, (LeaseHeldError, TimeoutError)), errors
+    assert caught.value.__cause__ is last
+    assert all(event.token is None for event in attempts.events)
