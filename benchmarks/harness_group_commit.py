@@ -12,7 +12,8 @@ the server has cores to spare, the client's single event loop is what bounds bot
 their throughput ratio tends to the ratio of their client CPU per checkpoint; where client and
 server share few cores, to the ratio of client + server CPU.
 
-``--uvloop`` runs it on uvloop (when installed). The work IDs are fresh per run; the table is
+``--uvloop`` runs it on uvloop (when installed); ``--simple`` puts the backend in simple-query
+mode (``prepare=False``). The work IDs are fresh per run; the table is
 the one on the search path of ``--dsn`` (``worklease migrate`` first). It only reports.
 """
 
@@ -96,11 +97,11 @@ async def block(count: int, seconds: float, step: Callable[[int], Awaitable[None
     return Block(done / elapsed, client * 1e6 / max(done, 1), server)
 
 
-async def run(dsn: str, concurrency: int, blocks: int, seconds: float) -> None:
+async def run(dsn: str, concurrency: int, blocks: int, seconds: float, simple: bool) -> None:
     async with AsyncConnectionPool(
         dsn, min_size=8, max_size=8, kwargs={"autocommit": True}
     ) as pool:
-        backend = AsyncPostgresBackend(pool)
+        backend = AsyncPostgresBackend(pool, prepare=False if simple else None)
         lease = AsyncLease(backend, holder_id="harness", ttl=60)
         state = os.urandom(256)
         run_id = uuid.uuid4().hex[:8]
@@ -170,12 +171,18 @@ def main() -> None:
     parser.add_argument("--blocks", type=int, default=4, help="blocks per side")
     parser.add_argument("--seconds", type=float, default=3.0, help="per block")
     parser.add_argument("--uvloop", action="store_true")
+    parser.add_argument(
+        "--simple",
+        action="store_true",
+        help="the backend in simple-query mode (prepare=False, as behind PgBouncer in "
+        "transaction mode); the hand-written side keeps psycopg's defaults",
+    )
     args = parser.parse_args()
     runner: Callable[[Any], Any] = asyncio.run
     if args.uvloop:
         runner = importlib.import_module("uvloop").run  # optional: not a dependency
     for concurrency in args.concurrency:
-        runner(run(args.dsn, concurrency, args.blocks, args.seconds))
+        runner(run(args.dsn, concurrency, args.blocks, args.seconds, args.simple))
 
 
 if __name__ == "__main__":
