@@ -42,7 +42,8 @@ RETURNING true"""
 
 def server_cpu_seconds() -> float | None:
     """CPU time (user + system) of every process named ``postgres`` this machine shows, or
-    None when there is none (a remote server)."""
+    None when there is none (a remote server). Every local cluster counts (run it where
+    nothing else uses PostgreSQL), and a process that ended within a block is missed."""
     tick = os.sysconf("SC_CLK_TCK")
     total, seen = 0, False
     try:

@@ -534,8 +534,14 @@ def test_status_watch_prints_plain_frames_into_a_pipe(postgres_dsn: str) -> None
                 seen += chunk
     finally:
         process.send_signal(signal.SIGINT)
-        rest, err_bytes = process.communicate(timeout=30)
+        try:
+            rest, err_bytes = process.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            process.kill()  # never leave the child behind
+            process.communicate()
+            raise
     out, err = (seen + rest).decode(), err_bytes.decode()
+    assert seen.count(b"every 100ms, ") >= 3, (out, err)  # all before the interrupt
     assert process.returncode == 0, err
     assert "\x1b" not in out  # no terminal codes in a pipe or a log
     frames = out.split("every 100ms, ")[1:]

@@ -77,7 +77,7 @@ def tx_begin(limit: str) -> bytes:
     (a ``statement_timeout`` value, or "0": no bound). The value is written into the text
     (it is a whole number, nothing to quote), so the statement goes as it is, with no
     client-side binding to pay for at every step."""
-    if not limit.isdigit():
+    if not (limit.isascii() and limit.isdigit()):
         raise ValueError(f"a step's bound is whole milliseconds, not {limit!r}")
     value = limit.encode()
     return (

@@ -900,7 +900,7 @@ class AsyncPostgresTransaction:
                     self._restore_threshold = conn.prepare_threshold
                     conn.prepare_threshold = None
             # Several statements in one simple query: never prepared.
-            await conn.execute(tx_begin(bound), prepare=False)
+            await AsyncCursor(conn).execute(tx_begin(bound), prepare=False)
         except BaseException as exc:
             await self._finish(discard=True)
             if isinstance(exc, psycopg.Error):

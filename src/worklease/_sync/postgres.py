@@ -893,7 +893,7 @@ class PostgresTransaction:
                     self._restore_threshold = conn.prepare_threshold
                     conn.prepare_threshold = None
             # Several statements in one simple query: never prepared.
-            conn.execute(tx_begin(bound), prepare=False)
+            Cursor(conn).execute(tx_begin(bound), prepare=False)
         except BaseException as exc:
             self._finish(discard=True)
             if isinstance(exc, psycopg.Error):
