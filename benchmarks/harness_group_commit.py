@@ -7,10 +7,10 @@ One ``AsyncConnectionPool(min_size=max_size=8, kwargs={"autocommit": True})``, o
 on the same pool (``pool.connection()`` and ``conn.execute`` with psycopg's defaults). It
 prints, per C, the median checkpoints/s of each side over the blocks and their ratio, and
 what each checkpoint cost in CPU: the client's (this process) and the server's (every local
-process named ``postgres``, read from ``/proc``; "n/a" when none is visible). On a machine where
-the server has cores to spare, the client's single event loop is what bounds both sides, so
-their throughput ratio tends to the ratio of their client CPU per checkpoint; where client and
-server share few cores, to the ratio of client + server CPU.
+process named ``postgres``, read from ``/proc``; "n/a" when none is visible). The two CPU
+ratios printed are what the throughput ratio would be if CPU alone limited both sides: the
+client's (its one event loop the bottleneck), or the client's and server's together (both
+sharing the same cores). Latency, not CPU, may limit a side, so neither is a prediction.
 
 ``--uvloop`` runs it on uvloop (when installed); ``--simple`` puts the backend in simple-query
 mode (``prepare=False``). The work IDs are fresh per run; the table is
@@ -27,6 +27,7 @@ import statistics
 import time
 import uuid
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
@@ -67,11 +68,13 @@ def server_cpu_seconds() -> float | None:
     return total / tick if seen else None
 
 
+@dataclass(frozen=True, slots=True)
 class Block:
     """One side's block: checkpoints per second, client and server CPU per checkpoint."""
 
-    def __init__(self, rate: float, client_us: float, server_us: float | None) -> None:
-        self.rate, self.client_us, self.server_us = rate, client_us, server_us
+    rate: float
+    client_us: float
+    server_us: float | None
 
 
 async def block(count: int, seconds: float, step: Callable[[int], Awaitable[None]]) -> Block:

@@ -6,14 +6,8 @@ from time import monotonic
 
 import pytest
 
-from worklease import (
-    AcquireEvent,
-    AsyncBackend,
-    AsyncLease,
-    ExitMode,
-    LeaseHeldError,
-    LeaseObserver,
-)
+from worklease import AcquireEvent, AsyncBackend, AsyncLease, ExitMode, LeaseHeldError
+from worklease.testing import RecordingObserver
 
 
 async def test_waiter_takes_over_right_after_a_crashed_holders_expiry(
@@ -33,20 +27,21 @@ async def test_waiter_takes_over_right_after_a_crashed_holders_expiry(
     assert (prior.prev_exit, prior.prev_holder_id) == (ExitMode.EXPIRED, "crashed")
 
 
-class _Attempts(LeaseObserver):
-    """Every backend acquire attempt of a lease, in order, with when it ended."""
+class _TimedAttempts(RecordingObserver):
+    """Records the lease's events, and when each acquire attempt ended."""
 
     def __init__(self) -> None:
-        self.events: list[AcquireEvent] = []
+        super().__init__()
         self.ends: list[float] = []
 
     def on_acquire(self, event: AcquireEvent) -> None:
-        self.events.append(event)
         self.ends.append(monotonic())
+        super().on_acquire(event)
 
     def pauses(self) -> list[float]:
         """How long the lease waited between one attempt's end and the next one's start."""
-        starts = [end - event.duration for end, event in zip(self.ends, self.events, strict=True)]
+        attempts = self.of_type(AcquireEvent)
+        starts = [end - event.duration for end, event in zip(self.ends, attempts, strict=True)]
         return [start - end for end, start in zip(self.ends[:-1], starts[1:], strict=True)]
 
 
@@ -56,13 +51,14 @@ async def test_waiter_falls_back_to_the_poll_interval_when_the_expiry_does_not_c
     """A holder that keeps renewing: the waiter polls, and the wait ends by its timeout."""
     holder = AsyncLease(backend, holder_id="holder", ttl=30)
     await holder.acquire("kept")
-    attempts = _Attempts()
+    attempts = _TimedAttempts()
     waiter = AsyncLease(backend, holder_id="waiter", ttl=30, observer=attempts)
     start = monotonic()
     with pytest.raises(TimeoutError) as caught:
         await waiter.acquire("kept", wait=True, timeout=2.0, poll_interval=0.1)
     assert 1.95 < monotonic() - start < 15.0
-    errors = [event.error for event in attempts.events]
+    events = attempts.of_type(AcquireEvent)
+    errors = [event.error for event in events]
     # It polled every 0.1 s: never a pause anywhere near the timeout (a waiter that slept
     # until the timeout, woken at most once when it starts listening for releases, would
     # pause at least 1 s once)...
@@ -75,4 +71,4 @@ async def test_waiter_falls_back_to_the_poll_interval_when_the_expiry_does_not_c
     assert all(error.holder_id in ("holder", None) for error in held), held
     # The wait ended with that last attempt: its outcome is the timeout's cause.
     assert caught.value.__cause__ is errors[-1]
-    assert all(event.token is None for event in attempts.events)
+    assert all(event.token is None for event in events)
