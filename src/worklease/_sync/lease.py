@@ -361,7 +361,9 @@ class Lease:
         ``state`` is copied; ``None`` or empty bytes clear the checkpoint. It may revive a
         lapsed lease nobody else took and whose holder declared no exit. Raises ``TypeError``
         for state that is not bytes-like, ``FencedError`` when superseded, and
-        ``LeaseExpiredError`` after this holder released it.
+        ``LeaseExpiredError`` after this holder released it. A transient failure once the
+        renewal's window has closed (a thread's write is cut off at its end) raises the
+        renewal's loss cause instead, with the failure as its ``__cause__``.
         """
         data = normalize_state(state)
         seal = self._writable(token)
@@ -373,10 +375,18 @@ class Lease:
         deadline = earliest(seal.deadline(), current_deadline()) if _IS_SYNC else None
         with self._report.checkpoint(token, state) as start, bounded_by(deadline):
             group = self._checkpoints
-            if group is None:
-                self._backend.checkpoint(token, data, self._ttl)
-            else:
-                group.submit((token, data), token.work_id, deadline)
+            try:
+                if group is None:
+                    self._backend.checkpoint(token, data, self._ttl)
+                else:
+                    group.submit((token, data), token.work_id, deadline)
+            except BackendError as exc:
+                # Failed once the lease window had closed (a thread's write is cut off there):
+                # the window's loss is what happened, the transient error only how it showed.
+                lost = seal.lost_cause() if exc.transient else None
+                if lost is None:
+                    raise
+                raise fresh(lost) from exc
             seal.extend(start, self._ttl)
 
     def _checkpoint_many(
