@@ -103,6 +103,17 @@ class Trail:
                 if a.at >= since and a.prior.prev_holder_id not in (None, a.holder)
             ]
 
+    def checkpointed(self, members: list[Member]) -> Callable[[], bool]:
+        """Whether every work ID the members' pools are running has a checkpoint acknowledged
+        to its current holder (so a successor has one to read, whatever the machine's load)."""
+
+        def check() -> bool:
+            held = [(w, member.holder) for member in members for w in member.pool.active_slots()]
+            with self.lock:
+                return all(self.acked.get(pair, 0) >= 1 for pair in held)
+
+        return check
+
     def check_carried_over(self, moves: list[Acquisition]) -> None:
         """Each move read the previous holder's last acknowledged checkpoint, or a later one
         (a write in flight when it stopped), never an older one."""
@@ -256,7 +267,7 @@ def test_a_joining_member_gets_its_share_by_handover(backend: Backend) -> None:
         first.gate.set()
         second.gate.set()
         group.until("6 / 6", balanced(group, [first, second], [6, 6]))
-        sleep(0.2)  # some checkpoints to carry over
+        group.until("a checkpoint on each", trail.checkpointed([first, second]))
         shed_before = len(first.observer.shed) + len(second.observer.shed)
         joined = monotonic()
         newcomer.gate.set()
@@ -286,7 +297,7 @@ def test_a_lost_member_is_replaced_after_its_ttl(backend: Backend) -> None:
         for member in group.members:
             member.gate.set()
         group.until("4 / 4 / 4", balanced(group, group.members, [4, 4, 4]))
-        sleep(0.2)
+        group.until("a checkpoint on each", trail.checkpointed([lost]))
         assert lost.backend is not None
         lost.backend.cut = True
         cut_at = monotonic()
