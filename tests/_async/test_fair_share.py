@@ -117,12 +117,12 @@ class Trail:
         for move in moves:
             previous = move.prior.prev_holder_id
             assert previous is not None
-            state = move.prior.state
-            assert state is not None, move
-            holder, _, number = state.decode().partition(":")
-            assert holder == previous, move
             with self.lock:
                 acked = self.acked.get((move.work_id, previous), 0)
+            state = move.prior.state
+            assert state is not None, (move, acked)
+            holder, _, number = state.decode().partition(":")
+            assert holder == previous, (move, acked)
             assert int(number) >= acked, (move, acked)
 
 
