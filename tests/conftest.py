@@ -139,6 +139,13 @@ def pytest_make_collect_report(
     return report
 
 
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Tests marked ``lengthy`` run first (the rest keep their order): begun last, one of
+    them would leave the other parallel workers idle while it finishes alone."""
+    items.sort(key=lambda item: item.get_closest_marker("lengthy") is None)
+
+
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     real_service = any(kind in report.keywords for kind in ("postgres", "etcd", "redis", "browser"))
     # A conformance case for a capability the backend does not offer skips by design (and on

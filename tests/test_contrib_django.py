@@ -264,6 +264,7 @@ def test_the_backend_uses_its_own_pool_unless_told_to_share_djangos(
     assert result.stdout.split()[-2:] == ["shared" if shared else "own", "ok"]
 
 
+@pytest.mark.lengthy
 def test_threads_using_the_orm_never_starve_the_leases(database: str) -> None:
     """Twelve threads that use the ORM and end without closing their connection (Django
     keeps a thread's connection until its request ends; these have no request) take all of

@@ -134,6 +134,7 @@ def test_the_page_has_steps_to_run() -> None:
     assert sum(c.startswith("python examples/tutorial/worker.py") for c in commands) >= 2
 
 
+@pytest.mark.lengthy
 @pytest.mark.timeout(600)
 def test_the_tutorial_runs_as_written(postgres_server: str, tmp_path: Path) -> None:
     (tmp_path / "examples").symlink_to(ROOT / "examples")

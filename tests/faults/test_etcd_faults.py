@@ -108,6 +108,7 @@ def key_history(endpoint: str, key: bytes) -> list[tuple[int, bytes | None]]:
 # -- leader kill -9 --------------------------------------------------------------------------
 
 
+@pytest.mark.lengthy
 def test_leader_kill_9_loses_no_acknowledged_checkpoint(cluster: etcd.EtcdCluster) -> None:
     prefix = f"faults-{uuid.uuid4().hex[:8]}/"
     backend = worklease.EtcdBackend(cluster.endpoints, prefix=prefix, timeout=1.0)

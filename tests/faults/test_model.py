@@ -739,6 +739,7 @@ def pg_machine_env(cluster_dsn: str) -> Iterator[tuple[PostgresBackend, psycopg.
         yield backend, conn
 
 
+@pytest.mark.lengthy
 @pytest.mark.postgres
 def test_model_postgres(
     pg_machine_env: tuple[PostgresBackend, psycopg.Connection[Any]], cluster_dsn: str

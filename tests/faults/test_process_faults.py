@@ -430,6 +430,7 @@ class ZombieRound:
     starved: bool = False  # the successor made no attempt long after the expiry (no CPU)
 
 
+@pytest.mark.lengthy
 def test_zombie_after_sigstop_is_fenced(
     cluster_dsn: str, backend: worklease.PostgresBackend, tmp_path: Path
 ) -> None:

@@ -69,6 +69,7 @@ def successor_step(lease: Lease, token: Token, n: int) -> None:
         tx.checkpoint(f"successor:{token.work_id}:{n}".encode())
 
 
+@pytest.mark.lengthy
 def test_transactional_steps_of_a_paused_zombie_never_land_after_a_takeover(
     cluster_dsn: str, backend: worklease.PostgresBackend, tmp_path: Path
 ) -> None:
