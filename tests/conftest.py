@@ -139,6 +139,16 @@ def pytest_make_collect_report(
     return report
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    """With ``-n`` and no ``--dist`` of the caller's, idle workers take tests still queued
+    behind a long one (xdist's ``worksteal`` instead of its default ``load``). Set here, not in
+    ``addopts``, so that a run without xdist (``-p no:xdist``) still parses its options."""
+    chosen = [*config.invocation_params.args, *os.environ.get("PYTEST_ADDOPTS", "").split()]
+    caller_chose = any(arg == "-d" or arg.startswith("--dist") for arg in chosen)
+    if getattr(config.option, "dist", "no") == "load" and not caller_chose:
+        config.option.dist = "worksteal"
+
+
 @pytest.hookimpl(trylast=True)
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Tests marked ``lengthy`` run first (the rest keep their order): begun last, one of
